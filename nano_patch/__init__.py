@@ -1,0 +1,119 @@
+"""nano-patch: make unchanged PyTorch, torchvision and Lightning training faster on the CPU.
+
+One line switches it on::
+
+    from nano_patch import patch_torch; patch_torch()
+
+Everything is patched in place and undone by :func:`unpatch_torch`. Targets that are not imported yet
+are patched when the program imports them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+from ._version import __version__
+from .config import STARTUP_ENV, ConfigError, Options
+
+if TYPE_CHECKING:
+    from .registry import PatchManager
+    from .train.fabric import TorchNano, nano
+
+__all__ = [
+    "ConfigError",
+    "Options",
+    "TorchNano",
+    "__version__",
+    "is_patched",
+    "nano",
+    "options",
+    "patch_torch",
+    "status",
+    "unpatch_torch",
+]
+
+_manager: PatchManager | None = None
+
+
+def _get_manager() -> PatchManager:
+    global _manager
+    if _manager is None:
+        from .patches import all_patches
+        from .registry import PatchManager
+
+        _manager = PatchManager(all_patches())
+    return _manager
+
+
+def patch_torch(
+    vision: bool | None = None,
+    dataloader: bool | None = None,
+    trainer: bool | None = None,
+    **options: Any,
+) -> None:
+    """Patch torchvision, ``torch.utils.data.DataLoader`` and the Lightning Trainer in place.
+
+    Args:
+        vision: accelerate torchvision datasets and transforms (``NANO_PATCH_VISION``).
+        dataloader: thread caps, worker defaults and uint8 batches (``NANO_PATCH_DATALOADER``).
+        trainer: BigDL-Nano's Trainer arguments (``NANO_PATCH_TRAINER``).
+        **options: defaults for the training knobs: ``num_processes``, ``cpu_for_each_process``,
+            ``precision``, ``channels_last``, ``auto_lr``, ``uint8_batches``. Each also has its
+            ``NANO_PATCH_*`` environment variable; an explicit argument wins.
+
+    Safe to call twice. Raises :class:`ConfigError`, before patching anything, for an unknown
+    option or a bad value. A missing or unsupported target package only skips that patch, with one
+    warning.
+    """
+    from . import config
+
+    explicit = {k: v for k, v in (("vision", vision), ("dataloader", dataloader), ("trainer", trainer)) if v is not None}
+    explicit.update(options)
+    opts = config.resolve(explicit)
+    # Children (Lightning's script re-run, spawn workers) read this in the .pth startup hook.
+    os.environ[STARTUP_ENV] = json.dumps({k: _jsonable(v) for k, v in explicit.items()})
+    _get_manager().patch(opts)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def unpatch_torch() -> None:
+    """Restore every attribute nano-patch replaced, to the very same object it was before."""
+    os.environ.pop(STARTUP_ENV, None)
+    if _manager is not None:
+        _manager.unpatch()
+
+
+def is_patched() -> bool:
+    """True between :func:`patch_torch` and :func:`unpatch_torch`."""
+    return _manager is not None and _manager.active
+
+
+def options() -> Options:
+    """The options in force: those given to :func:`patch_torch`, else the environment's."""
+    if _manager is not None and _manager.options is not None:
+        return _manager.options
+    from . import config
+
+    return config.resolve({})
+
+
+def status() -> dict[str, Any]:
+    """Every patch as applied, pending, skipped or off (with the reason and versions), plus CPU facts."""
+    from . import sysinfo
+
+    return {"patched": is_patched(), "patches": _get_manager().status(), "system": sysinfo.summary()}
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("nano", "TorchNano"):
+        from .train import fabric
+
+        return getattr(fabric, name)
+    raise AttributeError(f"module 'nano_patch' has no attribute {name!r}")

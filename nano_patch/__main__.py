@@ -1,0 +1,5 @@
+import sys
+
+from nano_patch.cli import main
+
+sys.exit(main())

@@ -1,0 +1,207 @@
+"""Options for nano-patch: fields, ``NANO_PATCH_*`` environment parsing and validation.
+
+Every option has one environment variable. An explicit argument always wins over the environment.
+Validation happens before anything is patched, so a bad value never leaves a half-patched process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+ENV_PREFIX = "NANO_PATCH_"
+#: Set by ``patch_torch()`` and ``nano-patch run`` so that child processes come up patched.
+STARTUP_ENV = "_NANO_PATCH_STARTUP"
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+PRECISIONS = ("32", "bf16")
+
+
+class ConfigError(ValueError):
+    """A nano-patch option, or its environment variable, has a bad value."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Everything ``patch_torch()`` can be told.
+
+    The three switches choose which patch groups run; the rest are the BigDL-Nano training knobs that
+    the Lightning Trainer, ``@nano`` and ``TorchNano`` read as defaults.
+    """
+
+    vision: bool = True
+    dataloader: bool = True
+    trainer: bool = True
+    num_processes: int | str | None = None
+    cpu_for_each_process: tuple[tuple[int, ...], ...] | None = None
+    precision: str | None = None
+    channels_last: bool = False
+    auto_lr: bool | dict[str, Any] = False
+    uint8_batches: bool = True
+
+    def to_env_json(self) -> str:
+        """Serialise the options for a child process."""
+        data = dataclasses.asdict(self)
+        if self.cpu_for_each_process is not None:
+            data["cpu_for_each_process"] = [list(c) for c in self.cpu_for_each_process]
+        return json.dumps(data)
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(Options))
+TRAINING_FIELDS = ("num_processes", "cpu_for_each_process", "precision", "channels_last", "auto_lr")
+
+# What each option accepts, for error messages and the README table.
+ACCEPTED = {
+    "vision": "a bool (env: 1/0, true/false, yes/no, on/off)",
+    "dataloader": "a bool (env: 1/0, true/false, yes/no, on/off)",
+    "trainer": "a bool (env: 1/0, true/false, yes/no, on/off)",
+    "num_processes": 'a positive int or "auto"',
+    "cpu_for_each_process": 'a list of non-empty lists of core ids, e.g. [[0, 1], [2, 3]] (env: "0,1;2,3")',
+    "precision": 'one of "32", "bf16" (also 32, "32-true", "bf16-mixed")',
+    "channels_last": "a bool (env: 1/0, true/false, yes/no, on/off)",
+    "auto_lr": 'a bool, or {"warmup_epochs": k} with k >= 0 (env: 1/0, or a JSON object)',
+    "uint8_batches": "a bool (env: 1/0, true/false, yes/no, on/off)",
+}
+
+
+def env_name(field: str) -> str:
+    return ENV_PREFIX + field.upper()
+
+
+def _err(name: str, value: Any, source: str) -> ConfigError:
+    return ConfigError(f"nano-patch option {name!r} ({source}) got {value!r}; accepted: {ACCEPTED[name]}")
+
+
+def _bool(name: str, value: Any, source: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise _err(name, value, source)
+
+
+def _num_processes(value: Any, source: str) -> int | str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        v = value.strip().lower()
+        if v == "auto":
+            return "auto"
+        if v.isdigit() and int(v) > 0:
+            return int(v)
+        raise _err("num_processes", value, source)
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    raise _err("num_processes", value, source)
+
+
+def _cores(value: Any, source: str) -> tuple[tuple[int, ...], ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = [[int(c) for c in grp.split(",") if c.strip()] for grp in value.split(";") if grp.strip()]
+        except ValueError:
+            raise _err("cpu_for_each_process", value, source) from None
+    try:
+        groups = tuple(tuple(int(c) for c in grp) for grp in value)
+        ok = all(
+            all(isinstance(c, int) and not isinstance(c, bool) for c in grp) for grp in value
+        )
+    except (TypeError, ValueError):
+        raise _err("cpu_for_each_process", value, source) from None
+    if not ok or not groups or any(not g or min(g) < 0 for g in groups):
+        raise _err("cpu_for_each_process", value, source)
+    seen = [c for g in groups for c in g]
+    if len(seen) != len(set(seen)):
+        raise ConfigError(
+            f"nano-patch option 'cpu_for_each_process' ({source}) lists a core twice: {value!r}; "
+            "each process needs its own cores"
+        )
+    return groups
+
+
+def normalise_precision(value: Any, source: str = "argument") -> str | None:
+    """Map the accepted spellings to ``"32"`` or ``"bf16"``."""
+    if value is None:
+        return None
+    v = str(value).strip().lower()
+    if v in ("32", "32-true", "fp32"):
+        return "32"
+    if v in ("bf16", "bf16-mixed"):
+        return "bf16"
+    raise _err("precision", value, source)
+
+
+def _auto_lr(value: Any, source: str) -> bool | dict[str, Any]:
+    if isinstance(value, str) and value.strip().startswith("{"):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise _err("auto_lr", value, source) from None
+    if isinstance(value, Mapping):
+        extra = set(value) - {"warmup_epochs"}
+        k = value.get("warmup_epochs")
+        if extra or (k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 0)):
+            raise _err("auto_lr", value, source)
+        return dict(value)
+    return _bool("auto_lr", value, source)
+
+
+def validate(name: str, value: Any, source: str = "argument") -> Any:
+    """Validate and normalise one option value; raise :class:`ConfigError` naming it otherwise."""
+    if name not in ACCEPTED:
+        raise ConfigError(f"unknown nano-patch option {name!r}; accepted options: {', '.join(FIELDS)}")
+    if name in ("vision", "dataloader", "trainer", "channels_last", "uint8_batches"):
+        return _bool(name, value, source)
+    if name == "num_processes":
+        return _num_processes(value, source)
+    if name == "cpu_for_each_process":
+        return _cores(value, source)
+    if name == "precision":
+        return normalise_precision(value, source)
+    return _auto_lr(value, source)
+
+
+def from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Read every ``NANO_PATCH_*`` variable. An unknown one is an error, not silently ignored."""
+    environ = os.environ if environ is None else environ
+    found: dict[str, Any] = {}
+    for key, raw in environ.items():
+        if not key.startswith(ENV_PREFIX):
+            continue
+        field = key[len(ENV_PREFIX):].lower()
+        if field not in ACCEPTED:
+            names = ", ".join(env_name(f) for f in FIELDS)
+            raise ConfigError(f"unknown environment variable {key}; nano-patch reads: {names}")
+        found[field] = validate(field, raw, source=f"environment variable {key}")
+    return found
+
+
+def resolve(explicit: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> Options:
+    """Build :class:`Options` from explicit arguments over the environment over the defaults."""
+    values = from_env(environ)
+    for name, value in explicit.items():
+        values[name] = validate(name, value)
+    if values.get("num_processes") is not None and values.get("cpu_for_each_process") is not None:
+        n = values["num_processes"]
+        if n != "auto" and n != len(values["cpu_for_each_process"]):
+            raise ConfigError(
+                f"nano-patch options 'num_processes'={n!r} and 'cpu_for_each_process' "
+                f"({len(values['cpu_for_each_process'])} groups) disagree; give one, or make them match"
+            )
+    return Options(**values)
+
+
+def from_json(text: str) -> dict[str, Any]:
+    """Parse what :meth:`Options.to_env_json` wrote (explicit arguments for a child process)."""
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{STARTUP_ENV} must hold a JSON object, got {text!r}")
+    return data

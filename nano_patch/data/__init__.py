@@ -1,0 +1,1 @@
+"""DataLoader helpers: worker initialisation and default choices (no patching here)."""

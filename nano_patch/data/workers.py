@@ -1,0 +1,67 @@
+"""What runs in each DataLoader worker, and how many workers to start."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+
+class WorkerInit:
+    """Caps torch, OpenMP and OpenCV at one thread in the worker, then calls the user's ``worker_init_fn``.
+
+    A class rather than a closure so that it pickles under the spawn start method.
+    """
+
+    def __init__(self, user_fn: Callable[[int], Any] | None = None) -> None:
+        self.user_fn = user_fn
+
+    def __call__(self, worker_id: int) -> None:
+        cap_threads(1)
+        if self.user_fn is not None:
+            self.user_fn(worker_id)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, WorkerInit) and other.user_fn == self.user_fn
+
+    def __hash__(self) -> int:
+        return hash((WorkerInit, self.user_fn))
+
+
+def cap_threads(n: int) -> None:
+    import torch
+
+    os.environ["OMP_NUM_THREADS"] = str(n)
+    torch.set_num_threads(n)
+    cv2 = sys.modules.get("cv2")
+    if cv2 is not None:
+        cv2.setNumThreads(n)
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def decodes_per_item(dataset: Any) -> bool:
+    """True for datasets that read and transform a file per item, where workers pay for themselves."""
+    vision = sys.modules.get("torchvision.datasets")
+    data = sys.modules.get("torch.utils.data")
+    while data is not None and isinstance(dataset, data.Subset):
+        dataset = dataset.dataset
+    return vision is not None and isinstance(dataset, vision.VisionDataset)
+
+
+def auto_num_workers(dataset: Any) -> int:
+    """Workers for a map-style dataset when the user did not choose.
+
+    Only datasets that decode files get workers: for in-memory data a worker costs more in
+    pickling than it saves. One worker per two usable cores, at most 4, leaves the other cores to
+    the training threads.
+    """
+    if not decodes_per_item(dataset):
+        return 0
+    return max(0, min(4, usable_cores() // 2))

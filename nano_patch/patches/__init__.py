@@ -1,0 +1,20 @@
+"""One module per patched target; each declares its group, target module and supported versions."""
+
+from __future__ import annotations
+
+from ..registry import Patch
+
+
+def all_patches() -> list[Patch]:
+    from .dataloader import DataLoaderPatch
+    from .lightning_trainer import LightningTrainerPatch
+    from .vision_datasets import VisionDatasetsPatch
+    from .vision_transforms import VisionTransformsPatch
+
+    return [
+        VisionTransformsPatch(),
+        VisionDatasetsPatch(),
+        DataLoaderPatch(),
+        LightningTrainerPatch("pytorch_lightning"),
+        LightningTrainerPatch("lightning.pytorch"),
+    ]

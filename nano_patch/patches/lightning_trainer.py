@@ -1,0 +1,185 @@
+"""Patch the Lightning ``Trainer`` in place, for ``pytorch_lightning`` and ``lightning.pytorch`` alike.
+
+``Trainer.__init__`` gains BigDL-Nano's arguments and translates them into stock Lightning objects:
+``num_processes``/``cpu_for_each_process`` -> the registered ``nano_ddp`` strategy on the CPU,
+``precision="bf16"`` -> ``"bf16-mixed"``, ``channels_last``/``auto_lr`` -> callbacks. Each argument
+defaults to its ``NANO_PATCH_*`` environment variable (or ``patch_torch()`` option); an explicit
+argument wins. Stock arguments keep their stock meaning.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import logging
+import sys
+import warnings
+from types import ModuleType
+from typing import Any, ClassVar
+
+from ..config import ConfigError, Options, normalise_precision, validate
+from ..registry import NanoPatchWarning, Patch
+
+log = logging.getLogger("nano_patch")
+
+NANO_ARGS = ("num_processes", "cpu_for_each_process", "channels_last", "auto_lr")
+
+
+class LightningTrainerPatch(Patch):
+    group: ClassVar[str] = "trainer"
+    requires: ClassVar[dict[str, str]]
+
+    def __init__(self, namespace: str) -> None:
+        super().__init__()
+        self.target = namespace  # type: ignore[misc]
+        self.name = f"trainer[{namespace}]"  # type: ignore[misc]
+        dist = "pytorch-lightning" if namespace == "pytorch_lightning" else "lightning"
+        self.requires = {dist: ">=2.4,<2.7"}  # type: ignore[misc]
+        self._registered: list[tuple[dict[str, Any], str]] = []
+
+    def check_internals(self, module: ModuleType) -> str | None:
+        trainer = getattr(module, "Trainer", None)
+        strategies = getattr(module, "strategies", None)
+        if trainer is None or strategies is None or not hasattr(strategies, "DDPStrategy"):
+            return f"{self.target} lacks Trainer or strategies.DDPStrategy"
+        if not hasattr(strategies.DDPStrategy, "_register_ddp_hooks"):
+            return f"{self.target}.strategies.DDPStrategy lacks _register_ddp_hooks"
+        return None
+
+    def _apply(self, module: ModuleType, options: Options) -> None:
+        from ..train import strategy as strategy_mod
+
+        pl = module
+        Trainer = pl.Trainer
+        original = vars(Trainer)["__init__"]
+        registry = importlib.import_module(f"{self.target}.strategies").StrategyRegistry
+        cls = strategy_mod.strategy_class(pl)
+        for name, method in strategy_mod.STRATEGY_NAMES.items():
+            if name not in registry:
+                registry.register(name, cls, description=f"nano-patch multi-instance CPU DDP ({method})",
+                                  start_method=method)
+                self._registered.append((registry, name))
+
+        @functools.wraps(original)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            nano = {k: kwargs.pop(k) for k in NANO_ARGS if k in kwargs}
+            original(self, *args, **translate(pl, kwargs, nano))
+
+        __init__.__signature__ = _signature(original)  # type: ignore[attr-defined]
+        self.record.replace(Trainer, "__init__", __init__)
+
+    def _revert(self) -> None:
+        while self._registered:
+            registry, name = self._registered.pop()
+            registry.pop(name, None)
+
+
+def _signature(original: Any) -> inspect.Signature:
+    """Stock signature plus the nano arguments, so LightningCLI and ``--help`` show them."""
+    sig = inspect.signature(original)
+    params = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    extra = [
+        inspect.Parameter("num_processes", inspect.Parameter.KEYWORD_ONLY, default=None, annotation="int | str | None"),
+        inspect.Parameter("cpu_for_each_process", inspect.Parameter.KEYWORD_ONLY, default=None,
+                          annotation="list[list[int]] | None"),
+        inspect.Parameter("channels_last", inspect.Parameter.KEYWORD_ONLY, default=None, annotation="bool | None"),
+        inspect.Parameter("auto_lr", inspect.Parameter.KEYWORD_ONLY, default=None, annotation="bool | dict | None"),
+    ]
+    tail = [p for p in sig.parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD]
+    return sig.replace(parameters=params + extra + tail)
+
+
+def _is_interactive() -> bool:
+    main = sys.modules.get("__main__")
+    return main is None or not hasattr(main, "__file__") or hasattr(sys, "ps1")
+
+
+def translate(pl: ModuleType, kwargs: dict[str, Any], nano: dict[str, Any]) -> dict[str, Any]:
+    """Turn BigDL-Nano's arguments (and the environment defaults) into stock Trainer arguments."""
+    import nano_patch
+    from ..train import callbacks, strategy as strategy_mod, topology
+
+    opts = nano_patch.options()
+    values = {k: validate(k, v, source=f"Trainer argument {k}") for k, v in nano.items()}
+    n = values.get("num_processes", opts.num_processes)
+    cores = values.get("cpu_for_each_process", opts.cpu_for_each_process)
+    channels_last = values.get("channels_last", opts.channels_last)
+    auto_lr = values.get("auto_lr", opts.auto_lr)
+
+    precision = kwargs.get("precision")
+    if isinstance(precision, str) and precision.strip().lower() == "bf16":
+        kwargs["precision"] = "bf16-mixed"
+    elif precision is None and opts.precision is not None:
+        kwargs["precision"] = "bf16-mixed" if opts.precision == "bf16" else "32-true"
+    if str(kwargs.get("precision", "")).startswith("bf16") and kwargs.get("accelerator", "cpu") == "cpu":
+        _warn_bf16_once()
+
+    if cores is not None:
+        if n not in (None, "auto") and n != len(cores):
+            raise ConfigError(
+                f"Trainer arguments num_processes={n} and cpu_for_each_process ({len(cores)} groups) disagree"
+            )
+        n = len(cores)
+    if n == "auto":
+        n = topology.auto_num_processes()
+    if n is not None and (n > 1 or cores is not None):
+        kwargs = _multi_instance(pl, kwargs, n, cores, strategy_mod)
+
+    extra_callbacks = []
+    if channels_last:
+        extra_callbacks.append(callbacks.channels_last_callback(pl)())
+    if auto_lr:
+        warmup = auto_lr.get("warmup_epochs") if isinstance(auto_lr, dict) else None
+        extra_callbacks.append(callbacks.auto_lr_callback(pl)(warmup))
+    if extra_callbacks:
+        given = kwargs.get("callbacks")
+        given = [] if given is None else [given] if not isinstance(given, list) else list(given)
+        kwargs["callbacks"] = given + extra_callbacks
+    return kwargs
+
+
+def _multi_instance(pl: ModuleType, kwargs: dict[str, Any], n: int, cores: Any, strategy_mod: ModuleType) -> dict:
+    cls = strategy_mod.strategy_class(pl)
+    devices = kwargs.get("devices", "auto")
+    if devices not in ("auto", n, str(n)) and devices != [n]:
+        raise ConfigError(f"Trainer arguments num_processes={n} and devices={devices!r} conflict; give one of them")
+    accelerator = kwargs.get("accelerator", "auto")
+    acc_name = accelerator if isinstance(accelerator, str) else type(accelerator).__name__.lower()
+    if acc_name not in ("auto", "cpu", "cpuaccelerator"):
+        raise ConfigError(
+            f"Trainer arguments num_processes={n} (CPU processes) and accelerator={accelerator!r} conflict; "
+            "num_processes runs on the CPU"
+        )
+    strategy = kwargs.get("strategy", "auto")
+    start_method = "fork" if _is_interactive() else "popen"
+    if isinstance(strategy, str) and strategy in strategy_mod.STRATEGY_NAMES:
+        start_method = strategy_mod.STRATEGY_NAMES[strategy]
+    elif isinstance(strategy, cls):
+        kwargs["accelerator"], kwargs["devices"] = "cpu", n
+        return kwargs
+    elif strategy != "auto":
+        raise ConfigError(
+            f"Trainer arguments num_processes={n} and strategy={strategy!r} conflict; num_processes uses "
+            f"nano-patch's strategy ({', '.join(strategy_mod.STRATEGY_NAMES)})"
+        )
+    kwargs["accelerator"], kwargs["devices"] = "cpu", n
+    kwargs["strategy"] = cls(cpu_for_each_process=[list(c) for c in cores] if cores else None,
+                             start_method=start_method)
+    log.warning(
+        "nano-patch: %d CPU processes per node; the effective batch size is %d x the DataLoader batch size",
+        n, n * int(kwargs.get("num_nodes", 1) or 1),
+    )
+    return kwargs
+
+
+@functools.lru_cache(maxsize=1)
+def _warn_bf16_once() -> None:
+    from .. import sysinfo
+
+    if not sysinfo.has_native_bf16():
+        warnings.warn(
+            "nano-patch: precision='bf16' on a CPU without avx512_bf16 or AMX is usually slower than fp32",
+            NanoPatchWarning,
+            stacklevel=4,
+        )

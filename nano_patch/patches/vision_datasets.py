@@ -1,0 +1,131 @@
+"""Patch torchvision.datasets in place: JPEGs decode through libjpeg-turbo (simplejpeg).
+
+- ``DatasetFolder.__getitem__`` (and so ``ImageFolder`` and subclasses), when the dataset uses the
+  stock PIL loader: the file is decoded straight to an array and handed to a patched ``Compose`` as
+  one, so no PIL image is built unless a transform needs one. A first ``Resize`` to a much smaller
+  size lets libjpeg-turbo scale the JPEG down while decoding.
+- ``folder.pil_loader`` / ``folder.default_loader``: the same decoder, returning a PIL image.
+- Built-in datasets that open their files with PIL themselves (Flowers102, Food101, OxfordIIITPet,
+  StanfordCars, DTD, Country211 via ImageFolder): their ``__getitem__`` reads the same attributes
+  and decodes through the same path.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any, ClassVar
+
+from ..config import Options
+from ..registry import Patch
+
+
+class VisionDatasetsPatch(Patch):
+    name: ClassVar[str] = "vision_datasets"
+    group: ClassVar[str] = "vision"
+    target: ClassVar[str] = "torchvision.datasets"
+    requires: ClassVar[dict[str, str]] = {"torchvision": ">=0.19,<0.30", "simplejpeg": ">=1.6,<2"}
+
+    def check_internals(self, module: ModuleType) -> str | None:
+        folder = getattr(module, "folder", None)
+        needed = ("DatasetFolder", "pil_loader", "default_loader")
+        missing = [n for n in needed if folder is None or not hasattr(folder, n)]
+        return f"torchvision internals changed: missing datasets.folder.{', '.join(missing)}" if missing else None
+
+    def _apply(self, module: ModuleType, options: Options) -> None:
+        import torchvision
+        from torchvision.datasets import folder
+
+        from ..vision import loading
+
+        stock_loaders = (folder.pil_loader, folder.default_loader)
+
+        @functools.wraps(folder.pil_loader)
+        def pil_loader(path: str) -> Any:
+            return loading.load_pil(path)
+
+        @functools.wraps(folder.default_loader)
+        def default_loader(path: str) -> Any:
+            if torchvision.get_image_backend() == "accimage":
+                return stock_loaders[1](path)
+            return loading.load_pil(path)
+
+        known = (*stock_loaders, pil_loader, default_loader)
+        self.record.replace(folder, "pil_loader", pil_loader)
+        self.record.replace(folder, "default_loader", default_loader)
+        self.record.wrap(folder.DatasetFolder, "__getitem__", _loader_adapter(folder, known, lambda d, i: d.samples[i]))
+        for cls, adapter in builtin_adapters(module, known).items():
+            self.record.wrap(cls, "__getitem__", adapter)
+
+
+def _loader_adapter(
+    folder: ModuleType, known: tuple[Callable[..., Any], ...], sample_of: Callable[[Any, int], tuple[Any, Any]]
+) -> Callable[..., Any]:
+    """``__getitem__`` for datasets that call ``self.loader(path)``, then transform and target_transform."""
+    import torchvision
+
+    from ..vision import loading
+
+    def getitem(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        loader = getattr(instance, "loader", None)
+        if len(args) != 1 or kwargs or loader not in known or torchvision.get_image_backend() != "PIL":
+            return wrapped(*args, **kwargs)
+        path, target = sample_of(instance, args[0])
+        sample = loading.load_transformed(path, instance.transform)
+        if instance.target_transform is not None:
+            target = instance.target_transform(target)
+        return sample, target
+
+    return getitem
+
+
+def _pet_adapter() -> Callable[..., Any]:
+    """OxfordIIITPet opens with ``Image.open(...).convert("RGB")`` (its files include PNGs named .jpg)."""
+    from torchvision.datasets.vision import StandardTransform
+
+    from ..vision import loading
+
+    def getitem(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        transforms = getattr(instance, "transforms", None)
+        if len(args) != 1 or kwargs or not (transforms is None or isinstance(transforms, StandardTransform)):
+            return wrapped(*args, **kwargs)
+        from PIL import Image
+
+        idx = args[0]
+        target: Any = []
+        for target_type in instance._target_types:
+            if target_type == "category":
+                target.append(instance._labels[idx])
+            elif target_type == "binary-category":
+                target.append(instance._bin_labels[idx])
+            else:
+                target.append(Image.open(instance._segs[idx]))
+        target = None if not target else target[0] if len(target) == 1 else tuple(target)
+        transform = transforms.transform if transforms is not None else None
+        image = loading.load_transformed(instance._images[idx], transform)
+        if transforms is not None and transforms.target_transform is not None:
+            target = transforms.target_transform(target)
+        return image, target
+
+    return getitem
+
+
+def builtin_adapters(module: ModuleType, known: tuple[Callable[..., Any], ...]) -> dict[type, Callable[..., Any]]:
+    from torchvision.datasets import folder
+
+    def files(inst: Any, i: int) -> tuple[Any, Any]:
+        return inst._image_files[i], inst._labels[i]
+
+    def samples(inst: Any, i: int) -> tuple[Any, Any]:
+        return inst._samples[i]
+
+    adapters: dict[type, Callable[..., Any]] = {}
+    for name, getter in (("Flowers102", files), ("Food101", files), ("DTD", files), ("StanfordCars", samples)):
+        cls = getattr(module, name, None)
+        if isinstance(cls, type) and "__getitem__" in vars(cls):
+            adapters[cls] = _loader_adapter(folder, known, getter)
+    pet = getattr(module, "OxfordIIITPet", None)
+    if isinstance(pet, type) and "__getitem__" in vars(pet):
+        adapters[pet] = _pet_adapter()
+    return adapters

@@ -1,0 +1,232 @@
+"""The patch machinery: one record of replaced attributes per patch, version guards and lazy hooks.
+
+A patch replaces attributes *in place* (methods on the stock classes, functions in the stock
+modules) and writes every replacement into its :class:`AttributeRecord`. ``revert`` restores from
+that record and from nowhere else, so after ``unpatch_torch()`` every attribute is the very object it
+was before.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import sys
+import threading
+import warnings
+from collections.abc import Callable, Iterable
+from types import ModuleType
+from typing import Any, ClassVar
+
+import wrapt
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from .config import Options
+
+log = logging.getLogger("nano_patch")
+
+_MISSING = object()
+
+
+class NanoPatchWarning(UserWarning):
+    """A patch was skipped, or a feature will run slower than expected."""
+
+
+class AttributeRecord:
+    """Every attribute a patch replaced, with what was there before."""
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[Any, str, Any]] = []
+
+    def replace(self, owner: Any, name: str, new: Any) -> None:
+        """Set ``owner.name = new``, remembering the previous value of ``owner.__dict__[name]``."""
+        old = vars(owner).get(name, _MISSING)
+        self._entries.append((owner, name, old))
+        setattr(owner, name, new)
+
+    def wrap(self, owner: Any, name: str, wrapper: Callable[..., Any]) -> None:
+        """Wrap a method or function in place with a ``wrapt`` wrapper ``(wrapped, instance, args, kwargs)``."""
+        original = vars(owner)[name]
+        self.replace(owner, name, wrapt.FunctionWrapper(original, wrapper))
+
+    def original(self, owner: Any, name: str) -> Any:
+        """The value ``owner.name`` had before this record first replaced it."""
+        for o, n, old in self._entries:
+            if o is owner and n == name:
+                return old
+        return vars(owner)[name]
+
+    def restore(self) -> None:
+        """Put every replaced attribute back, newest first."""
+        while self._entries:
+            owner, name, old = self._entries.pop()
+            if old is _MISSING:
+                try:
+                    delattr(owner, name)
+                except AttributeError:
+                    pass
+            else:
+                setattr(owner, name, old)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def installed_version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+class Patch:
+    """One patched target: a module, the distributions and version ranges it supports, apply/revert.
+
+    Subclasses set the class attributes and implement :meth:`_apply` with ``self.record``; they
+    override :meth:`check_internals` to name the internals they rely on.
+    """
+
+    name: ClassVar[str]
+    #: The option switch that turns this patch on or off: "vision", "dataloader" or "trainer".
+    group: ClassVar[str]
+    #: The module whose import triggers :meth:`apply`.
+    target: ClassVar[str]
+    #: distribution name -> PEP 440 range this patch was tested with.
+    requires: ClassVar[dict[str, str]]
+
+    def __init__(self) -> None:
+        self.record = AttributeRecord()
+        self.applied = False
+        self.skipped: str | None = None
+
+    def unsupported(self, module: ModuleType) -> str | None:
+        """Why this patch cannot run here, or ``None``."""
+        for dist, spec in self.requires.items():
+            version = installed_version(dist)
+            if version is None:
+                return f"{dist} is not installed"
+            try:
+                ok = Version(version) in SpecifierSet(spec, prereleases=True)
+            except (InvalidVersion, InvalidSpecifier):
+                ok = False
+            if not ok:
+                return f"{dist} {version} is outside the supported range {spec}"
+        return self.check_internals(module)
+
+    def check_internals(self, module: ModuleType) -> str | None:
+        return None
+
+    def _apply(self, module: ModuleType, options: Options) -> None:
+        raise NotImplementedError
+
+    def _revert(self) -> None:
+        """Undo anything that is not an attribute in the record (registries, caches)."""
+
+    def apply(self, module: ModuleType, options: Options) -> bool:
+        """Patch ``module``; on any problem, restore what was done, warn once and return False."""
+        if self.applied:
+            return True
+        reason = self.unpatchable_reason(module)
+        if reason is None:
+            try:
+                self._apply(module, options)
+            except Exception as exc:  # noqa: BLE001 - a patch must never crash the user's program
+                self.record.restore()
+                self._revert()
+                reason = f"failed while patching: {type(exc).__name__}: {exc}"
+        if reason is not None:
+            self.skipped = reason
+            warnings.warn(f"nano-patch: skipped patch {self.name!r}: {reason}", NanoPatchWarning, stacklevel=3)
+            return False
+        self.applied, self.skipped = True, None
+        log.debug("nano-patch: applied %s", self.name)
+        return True
+
+    def unpatchable_reason(self, module: ModuleType) -> str | None:
+        try:
+            return self.unsupported(module)
+        except Exception as exc:  # noqa: BLE001
+            return f"version check failed: {exc}"
+
+    def revert(self) -> None:
+        self.record.restore()
+        self._revert()
+        self.applied = False
+
+    def versions(self) -> dict[str, str | None]:
+        return {dist: installed_version(dist) for dist in self.requires}
+
+
+class PatchManager:
+    """Applies patches now, or at their target's import through wrapt's post-import hooks."""
+
+    def __init__(self, patches: Iterable[Patch]) -> None:
+        self.patches = list(patches)
+        self.options: Options | None = None
+        self.enabled: set[str] = set()
+        self._hooked: set[str] = set()
+        self._lock = threading.RLock()
+
+    @property
+    def active(self) -> bool:
+        return self.options is not None
+
+    def patch(self, options: Options) -> None:
+        with self._lock:
+            self.options = options
+            self.enabled = {p.name for p in self.patches if getattr(options, p.group)}
+            for p in self.patches:
+                if p.name not in self.enabled:
+                    if p.applied:
+                        p.revert()
+                    continue
+                module = sys.modules.get(p.target)
+                if module is not None:
+                    p.apply(module, options)
+                elif p.name not in self._hooked:
+                    # wrapt keeps its hooks forever; ours checks whether it is still wanted when it fires.
+                    self._hooked.add(p.name)
+                    wrapt.register_post_import_hook(self._hook_for(p), p.target)
+
+    def _hook_for(self, p: Patch) -> Callable[[ModuleType], None]:
+        def hook(module: ModuleType) -> None:
+            with self._lock:
+                if self.options is not None and p.name in self.enabled and not p.applied:
+                    p.apply(module, self.options)
+
+        return hook
+
+    def unpatch(self) -> None:
+        with self._lock:
+            for p in reversed(self.patches):
+                if p.applied:
+                    p.revert()
+            self.options = None
+            self.enabled = set()
+
+    def status(self) -> list[dict[str, Any]]:
+        rows = []
+        for p in self.patches:
+            if p.applied:
+                state, reason = "applied", ""
+            elif p.skipped:
+                state, reason = "skipped", p.skipped
+            elif self.active and p.name in self.enabled:
+                state, reason = "pending", f"waits for `import {p.target}`"
+            elif self.active:
+                state, reason = "disabled", f"{p.group}=False"
+            else:
+                state, reason = "off", "patch_torch() has not been called"
+            rows.append(
+                {
+                    "name": p.name,
+                    "group": p.group,
+                    "target": p.target,
+                    "state": state,
+                    "reason": reason,
+                    "requires": dict(p.requires),
+                    "versions": p.versions(),
+                }
+            )
+        return rows
+

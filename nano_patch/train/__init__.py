@@ -1,0 +1,1 @@
+"""Training helpers built on Lightning: core topology, the multi-instance strategy, callbacks."""

@@ -1,0 +1,144 @@
+"""Callbacks the Trainer patch adds: channels-last and learning-rate scaling with warmup.
+
+Built per Lightning namespace, since each has its own ``Callback`` base class.
+"""
+
+from __future__ import annotations
+
+import math
+from types import ModuleType
+from typing import Any
+
+_classes: dict[tuple[str, str], type] = {}
+
+
+def to_channels_last(batch: Any) -> Any:
+    """Convert every 4-D tensor in a batch (lists, tuples, dicts, namedtuples) to channels-last, in place."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        if batch.dim() == 4 and not batch.is_contiguous(memory_format=torch.channels_last):
+            batch.data = batch.data.contiguous(memory_format=torch.channels_last)
+        return batch
+    if isinstance(batch, dict):
+        for v in batch.values():
+            to_channels_last(v)
+    elif isinstance(batch, (list, tuple)):
+        for v in batch:
+            to_channels_last(v)
+    return batch
+
+
+def channels_last_callback(pl: ModuleType) -> type:
+    key = (pl.__name__, "ChannelsLast")
+    if key not in _classes:
+        import torch
+
+        class ChannelsLast(pl.Callback):
+            """Puts the model in channels-last memory format before the DDP wrap, and each batch too."""
+
+            def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+                pl_module.to(memory_format=torch.channels_last)
+
+            def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+                to_channels_last(batch)
+
+            def on_validation_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int,
+                                          dataloader_idx: int = 0) -> None:
+                to_channels_last(batch)
+
+            def on_test_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int,
+                                    dataloader_idx: int = 0) -> None:
+                to_channels_last(batch)
+
+            def on_predict_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int,
+                                       dataloader_idx: int = 0) -> None:
+                to_channels_last(batch)
+
+        ChannelsLast.__module__ = __name__
+        _classes[key] = ChannelsLast
+    return _classes[key]
+
+
+def warmup_factor(step: int, warmup_steps: int, world_size: int) -> float:
+    """The lr multiplier at ``step``: from 1/world_size of the scaled lr up to all of it, linearly."""
+    if warmup_steps <= 0 or step >= warmup_steps:
+        return 1.0
+    start = 1.0 / world_size
+    return start + (1.0 - start) * step / warmup_steps
+
+
+def auto_lr_callback(pl: ModuleType) -> type:
+    key = (pl.__name__, "AutoLR")
+    if key not in _classes:
+
+        class AutoLR(pl.Callback):
+            """Scales every learning rate by the world size, warming up from the original one.
+
+            The warmup lasts ``warmup_epochs`` epochs, or a tenth of training when not given. A
+            user's scheduler keeps working: its base lrs are scaled too, and the warmup factor is
+            applied around each optimizer step only, so the scheduler never sees it.
+            """
+
+            def __init__(self, warmup_epochs: int | None = None) -> None:
+                self.warmup_epochs = warmup_epochs
+                self.world_size = 1
+                self.warmup_steps = 0
+                self._wrapped: list[tuple[Any, bool, Any]] = []
+
+            def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+                self.world_size = max(1, trainer.world_size)
+                if self.world_size == 1:
+                    return
+                for opt in trainer.optimizers:
+                    for group in opt.param_groups:
+                        group["lr"] *= self.world_size
+                        if "initial_lr" in group:
+                            group["initial_lr"] *= self.world_size
+                for config in trainer.lr_scheduler_configs:
+                    sched = config.scheduler
+                    if hasattr(sched, "base_lrs"):
+                        sched.base_lrs = [lr * self.world_size for lr in sched.base_lrs]
+                steps_per_epoch = max(1, int(trainer.num_training_batches)) if math.isfinite(
+                    trainer.num_training_batches) else 1
+                if self.warmup_epochs is not None:
+                    self.warmup_steps = self.warmup_epochs * steps_per_epoch
+                else:
+                    total = trainer.estimated_stepping_batches
+                    self.warmup_steps = int(total // 10) if math.isfinite(total) else steps_per_epoch
+
+                for opt in trainer.optimizers:
+                    self._wrap_step(trainer, opt)
+
+            def _wrap_step(self, trainer: Any, opt: Any) -> None:
+                # Around the step only: a scheduler stepping after it never sees the warmup factor.
+                inner = opt.step
+                callback = self
+
+                def step(*args: Any, **kwargs: Any) -> Any:
+                    factor = warmup_factor(trainer.global_step, callback.warmup_steps, callback.world_size)
+                    if factor == 1.0:
+                        return inner(*args, **kwargs)
+                    saved = [g["lr"] for g in opt.param_groups]
+                    for g in opt.param_groups:
+                        g["lr"] = g["lr"] * factor
+                    try:
+                        return inner(*args, **kwargs)
+                    finally:
+                        for g, lr in zip(opt.param_groups, saved):
+                            g["lr"] = lr
+
+                self._wrapped.append((opt, "step" in vars(opt), vars(opt).get("step")))
+                opt.step = step
+
+            def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+                while self._wrapped:
+                    opt, had, old = self._wrapped.pop()
+                    if had:
+                        opt.step = old
+                    else:
+                        del opt.step
+
+        AutoLR.__module__ = __name__
+        _classes[key] = AutoLR
+    return _classes[key]

@@ -1,0 +1,105 @@
+"""Cores this process may use, grouped by NUMA node and physical core, and how to split them."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Core:
+    cpu: int  # the logical CPU used for this physical core
+    node: int  # NUMA node (socket when the kernel reports no NUMA)
+    core_key: tuple[int, int]  # (package, core id): SMT siblings share it
+
+
+def _read_int(path: str, default: int) -> int:
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return default
+
+
+def _cpu_to_node() -> dict[int, int]:
+    mapping: dict[int, int] = {}
+    for node_dir in glob.glob("/sys/devices/system/node/node[0-9]*"):
+        node = int(re.sub(r"\D", "", os.path.basename(node_dir)))
+        for cpu_dir in glob.glob(os.path.join(node_dir, "cpu[0-9]*")):
+            mapping[int(re.sub(r"\D", "", os.path.basename(cpu_dir)))] = node
+    return mapping
+
+
+def usable_cpus() -> list[int]:
+    """Logical CPUs in this process's affinity mask (which already reflects the cgroup cpuset)."""
+    return sorted(os.sched_getaffinity(0))
+
+
+def physical_cores(cpus: list[int] | None = None) -> list[Core]:
+    """One entry per physical core among ``cpus``: the first of its SMT siblings."""
+    cpus = usable_cpus() if cpus is None else cpus
+    nodes = _cpu_to_node()
+    seen: dict[tuple[int, int], Core] = {}
+    for cpu in cpus:
+        base = f"/sys/devices/system/cpu/cpu{cpu}/topology"
+        package = _read_int(f"{base}/physical_package_id", 0)
+        key = (package, _read_int(f"{base}/core_id", cpu))
+        if key not in seen:
+            seen[key] = Core(cpu=cpu, node=nodes.get(cpu, package), core_key=key)
+    return sorted(seen.values(), key=lambda c: (c.node, c.cpu))
+
+
+def split_cores(n: int, cpus: list[int] | None = None) -> list[list[int]]:
+    """Split the usable physical cores evenly into ``n`` groups, never across a NUMA node when avoidable."""
+    cores = physical_cores(cpus)
+    if n < 1:
+        raise ValueError(f"num_processes must be at least 1, got {n}")
+    if n > len(cores):
+        raise ValueError(
+            f"num_processes={n} is more than the {len(cores)} physical cores this process may use "
+            f"(CPUs {usable_cpus()}); use at most {len(cores)}"
+        )
+    by_node: dict[int, list[int]] = {}
+    for c in cores:
+        by_node.setdefault(c.node, []).append(c.cpu)
+    nodes = list(by_node.values())
+    if n % len(nodes) == 0 and all(len(cpus_) >= n // len(nodes) for cpus_ in nodes):
+        per_node = n // len(nodes)
+        groups: list[list[int]] = []
+        for cpus_ in nodes:
+            size = len(cpus_) // per_node
+            groups += [cpus_[i * size : (i + 1) * size] for i in range(per_node)]
+        return groups
+    flat = [c.cpu for c in cores]
+    size = len(flat) // n
+    return [flat[i * size : (i + 1) * size] for i in range(n)]
+
+
+def auto_num_processes(cpus: list[int] | None = None) -> int:
+    """``num_processes="auto"``: one process per NUMA node, and more on big nodes.
+
+    Each process keeps at least 2 physical cores, and nodes with 8 or more cores get one process
+    per 4 cores, the usual sweet spot for CPU data parallelism, where per-process
+    intra-op scaling flattens out.
+    """
+    cores = physical_cores(cpus)
+    by_node: dict[int, int] = {}
+    for c in cores:
+        by_node[c.node] = by_node.get(c.node, 0) + 1
+    total = 0
+    for count in by_node.values():
+        total += max(1, count // 4) if count >= 8 else 1
+    return max(1, min(total, len(cores)))
+
+
+def pin_process(cpus: list[int]) -> None:
+    """Pin every existing thread of this process (OpenMP's included) and its future threads to ``cpus``."""
+    target = set(cpus)
+    for task in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(task), target)
+        except (ProcessLookupError, PermissionError):
+            pass  # a thread that just exited
+    os.sched_setaffinity(0, target)

@@ -1,0 +1,1 @@
+"""Accelerated image kernels: JPEG decode (``decode``), array transforms (``functional``), Compose (``pipeline``)."""

@@ -1,0 +1,81 @@
+"""Decode image files to uint8 RGB arrays: libjpeg-turbo through simplejpeg for real JPEGs, PIL otherwise.
+
+The result always equals stock ``PIL.Image.open(path).convert("RGB")``: the file's bytes, not its
+extension, decide the decoder; CMYK/YCCK JPEGs and every other format go through PIL; a corrupt or
+truncated file raises the exception class PIL raises, with the path in the message.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+_JPEG_SOI = b"\xff\xd8\xff"
+
+
+def _simplejpeg():
+    try:
+        import simplejpeg
+    except ImportError:  # pragma: no cover - a declared dependency, but never crash for it
+        return None
+    return simplejpeg
+
+
+def read_bytes(path: str | os.PathLike[str]) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """(height, width) of a JPEG that simplejpeg can decode to RGB, else None."""
+    sj = _simplejpeg()
+    if sj is None or not data.startswith(_JPEG_SOI):
+        return None
+    try:
+        h, w, colorspace, _ = sj.decode_jpeg_header(data)
+    except ValueError:
+        return None
+    if colorspace not in ("YCbCr", "Gray"):
+        return None  # CMYK and YCCK: PIL's conversion is the reference
+    return h, w
+
+
+def decode_rgb(path: str | os.PathLike[str], min_size: tuple[int, int] | None = None) -> np.ndarray:
+    """Decode ``path`` to an HxWx3 uint8 RGB array equal to ``PIL.Image.open(path).convert("RGB")``.
+
+    ``min_size`` = (height, width) lets libjpeg-turbo scale a JPEG down in the DCT domain (by 1/2,
+    1/4 or 1/8) while keeping both sides at least that large. It is only a permission: the caller
+    must resize the result to its final size.
+    """
+    data = read_bytes(path)
+    size = jpeg_size(data)
+    if size is not None:
+        sj = _simplejpeg()
+        kwargs: dict[str, Any] = {"colorspace": "RGB"}
+        if min_size is not None:
+            kwargs.update(min_height=int(min_size[0]), min_width=int(min_size[1]))
+        try:
+            return sj.decode_jpeg(data, strict=True, **kwargs)
+        except ValueError:
+            pass  # truncated or corrupt: PIL decides, so the error (or LOAD_TRUNCATED_IMAGES) is stock
+    return np.asarray(pil_open_rgb(path))
+
+
+def pil_open_rgb(path: str | os.PathLike[str]) -> Image.Image:
+    """Stock ``Image.open(path).convert("RGB")`` with the path added to any decoding error."""
+    try:
+        with open(path, "rb") as f:
+            img = Image.open(f)
+            return img.convert("RGB")
+    except (OSError, SyntaxError, ValueError) as exc:
+        if str(os.fspath(path)) in str(exc):
+            raise
+        try:
+            new = type(exc)(f"{exc} (while reading {os.fspath(path)!s})")
+        except Exception:  # noqa: BLE001 - an exception class with an odd constructor
+            raise exc from None
+        raise new from exc
+

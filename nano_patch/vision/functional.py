@@ -1,0 +1,408 @@
+"""Pure image kernels on uint8 NumPy arrays (HxWx3 RGB or HxW grayscale).
+
+Each function mirrors the torchvision PIL backend function of the same name
+(``torchvision.transforms._functional_pil``): same arguments, same meaning, same output within
+torchvision's own tensor-vs-PIL tolerances. An array stands in for a PIL image of mode ``RGB`` or
+``L``. Nothing here patches anything or keeps global state beyond the per-process thread cap.
+
+Arrays may be views (a crop inside the image is free); every kernel accepts non-contiguous input.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from PIL import Image, ImageOps
+
+from .. import sysinfo
+
+_cv2 = None
+_cv2_pid = -1
+
+
+def cv2():
+    """OpenCV, imported on first use, capped at one thread inside DataLoader workers."""
+    global _cv2, _cv2_pid
+    if _cv2 is None or _cv2_pid != os.getpid():
+        import cv2 as _m
+
+        _cv2 = _m
+        _cv2_pid = os.getpid()
+        import torch.utils.data
+
+        if torch.utils.data.get_worker_info() is not None:
+            _m.setNumThreads(1)
+    return _cv2
+
+
+def is_image_array(img: Any) -> bool:
+    """An array that stands in for a PIL ``RGB`` (HxWx3) or ``L`` (HxW) image."""
+    return (
+        isinstance(img, np.ndarray)
+        and img.dtype == np.uint8
+        and (img.ndim == 2 or (img.ndim == 3 and img.shape[2] == 3))
+    )
+
+
+def from_pil(img: Image.Image) -> np.ndarray:
+    return np.asarray(img)
+
+
+def to_pil(a: np.ndarray) -> Image.Image:
+    return Image.fromarray(np.ascontiguousarray(a), "L" if a.ndim == 2 else "RGB")
+
+
+def _contig(a: np.ndarray) -> np.ndarray:
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
+def _via_pil(a: np.ndarray, fn, *args: Any, **kwargs: Any) -> np.ndarray:
+    """Run a PIL operation on an array: exact stock behaviour for the rarely hot operations."""
+    return np.asarray(fn(to_pil(a), *args, **kwargs))
+
+
+# --- size and geometry -------------------------------------------------------------------
+
+
+def get_dimensions(a: np.ndarray) -> list[int]:
+    return [1 if a.ndim == 2 else a.shape[2], a.shape[0], a.shape[1]]
+
+
+def get_image_size(a: np.ndarray) -> list[int]:
+    return [a.shape[1], a.shape[0]]
+
+
+def get_image_num_channels(a: np.ndarray) -> int:
+    return 1 if a.ndim == 2 else a.shape[2]
+
+
+def hflip(a: np.ndarray) -> np.ndarray:
+    # A real copy: negative-stride views cost far more later (torch cannot wrap them).
+    return cv2().flip(_contig(a), 1)
+
+
+def vflip(a: np.ndarray) -> np.ndarray:
+    return cv2().flip(_contig(a), 0)
+
+
+def crop(a: np.ndarray, top: int, left: int, height: int, width: int) -> np.ndarray:
+    """PIL's crop: a view when the box is inside the image, zero fill outside it."""
+    h, w = a.shape[:2]
+    top, left, height, width = int(top), int(left), int(height), int(width)
+    if top >= 0 and left >= 0 and top + height <= h and left + width <= w:
+        return a[top : top + height, left : left + width]
+    out = np.zeros((max(height, 0), max(width, 0)) + a.shape[2:], dtype=a.dtype)
+    y0, x0 = max(top, 0), max(left, 0)
+    y1, x1 = min(top + height, h), min(left + width, w)
+    if y1 > y0 and x1 > x0:
+        out[y0 - top : y1 - top, x0 - left : x1 - left] = a[y0:y1, x0:x1]
+    return out
+
+
+def _fill_tuple(fill: Any, channels: int) -> tuple[int, ...]:
+    """torchvision's ``_parse_fill`` for uint8 images."""
+    if fill is None:
+        fill = 0
+    if isinstance(fill, (int, float)):
+        fill = [fill] * channels
+    fill = list(fill)
+    if len(fill) == 1:
+        fill = fill * channels
+    elif len(fill) != channels:
+        raise ValueError(
+            "The number of elements in 'fill' does not match the number of channels of the image "
+            f"({len(fill)} != {channels})"
+        )
+    return tuple(int(x) for x in fill)
+
+
+def pad(a: np.ndarray, padding: Any, fill: Any = 0, padding_mode: str = "constant") -> np.ndarray:
+    if padding_mode == "constant":
+        if isinstance(padding, (list, tuple)) and len(padding) == 1:
+            padding = padding[0]
+        f = _fill_tuple(fill, get_image_num_channels(a))
+        return _via_pil(a, ImageOps.expand, border=tuple(padding) if isinstance(padding, list) else padding,
+                        fill=f[0] if a.ndim == 2 else f)
+    if isinstance(padding, (list, tuple)):
+        padding = tuple(padding)
+        if len(padding) == 1:
+            padding = padding[0]
+    if isinstance(padding, int):
+        p = [padding] * 4
+    elif len(padding) == 2:
+        p = [padding[0], padding[1], padding[0], padding[1]]
+    else:
+        p = list(padding)
+    left, top, right, bottom = p
+    h, w = a.shape[:2]
+    a = a[max(-top, 0) : h - max(-bottom, 0), max(-left, 0) : w - max(-right, 0)]
+    left, top, right, bottom = (max(v, 0) for v in p)
+    widths = ((top, bottom), (left, right)) + (((0, 0),) if a.ndim == 3 else ())
+    return np.pad(a, widths, padding_mode)
+
+
+# PIL resampling constants -> torch interpolate modes that match PIL's antialiased filters.
+_TORCH_AA = {Image.BILINEAR: "bilinear", Image.BICUBIC: "bicubic"}
+
+
+def resize(a: np.ndarray, size: list[int], interpolation: int = Image.BILINEAR) -> np.ndarray:
+    """Resize to ``size`` = [height, width] like ``PIL.Image.resize`` (always antialiased).
+
+    pillow-simd when installed (bit-identical to Pillow, SIMD); otherwise torch's uint8 antialiased
+    kernel, which matches Pillow within 1 on the 0-255 scale; OpenCV's exact nearest neighbour.
+    """
+    oh, ow = int(size[0]), int(size[1])
+    if interpolation == Image.NEAREST:
+        return cv2().resize(_contig(a), (ow, oh), interpolation=cv2().INTER_NEAREST_EXACT)
+    mode = _TORCH_AA.get(interpolation)
+    if mode is None or sysinfo.pillow_is_simd() or min(a.shape[:2]) < 2:
+        return np.asarray(to_pil(a).resize((ow, oh), interpolation))
+    import torch
+
+    x = _from_numpy(_contig(a))
+    x = x[None, None] if a.ndim == 2 else x.permute(2, 0, 1)[None]
+    y = torch.nn.functional.interpolate(x, size=(oh, ow), mode=mode, antialias=True, align_corners=False)
+    y = y[0, 0] if a.ndim == 2 else y[0].permute(1, 2, 0)
+    return y.numpy()
+
+
+def _inverse_map(data: Sequence[float], perspective: bool) -> np.ndarray:
+    """PIL maps output pixel centres (x+0.5, y+0.5) to input coordinates; OpenCV maps pixel indices."""
+    if perspective:
+        m = np.array([[data[0], data[1], data[2]], [data[3], data[4], data[5]], [data[6], data[7], 1.0]])
+    else:
+        m = np.array([[data[0], data[1], data[2]], [data[3], data[4], data[5]], [0.0, 0.0, 1.0]])
+    shift = np.array([[1.0, 0.0, 0.5], [0.0, 1.0, 0.5], [0.0, 0.0, 1.0]])
+    unshift = np.array([[1.0, 0.0, -0.5], [0.0, 1.0, -0.5], [0.0, 0.0, 1.0]])
+    return unshift @ m @ shift
+
+
+_CV_INTER = {Image.NEAREST: 0, Image.BILINEAR: 1, Image.BICUBIC: 2}
+
+
+def _warp(a: np.ndarray, data: Sequence[float], out_wh: tuple[int, int], interpolation: int,
+          fill: Any, perspective: bool) -> np.ndarray:
+    c = cv2()
+    m = _inverse_map(data, perspective)
+    f = _fill_tuple(fill, get_image_num_channels(a))
+    border = f + (0,) * (4 - len(f))
+    flags = _CV_INTER[interpolation] | c.WARP_INVERSE_MAP
+    if perspective:
+        return c.warpPerspective(_contig(a), m, out_wh, flags=flags, borderMode=c.BORDER_CONSTANT, borderValue=border)
+    return c.warpAffine(_contig(a), m[:2], out_wh, flags=flags, borderMode=c.BORDER_CONSTANT, borderValue=border)
+
+
+def affine(a: np.ndarray, matrix: list[float], interpolation: int = Image.NEAREST, fill: Any = None) -> np.ndarray:
+    if interpolation not in _CV_INTER:
+        return _via_pil(a, lambda im: im.transform(im.size, Image.AFFINE, matrix, interpolation,
+                                                   fillcolor=_pil_fill(fill, a)))
+    return _warp(a, matrix, (a.shape[1], a.shape[0]), interpolation, fill, perspective=False)
+
+
+def perspective(a: np.ndarray, perspective_coeffs: list[float], interpolation: int = Image.BICUBIC,
+                fill: Any = None) -> np.ndarray:
+    if interpolation not in _CV_INTER:
+        return _via_pil(a, lambda im: im.transform(im.size, Image.PERSPECTIVE, perspective_coeffs, interpolation,
+                                                   fillcolor=_pil_fill(fill, a)))
+    return _warp(a, perspective_coeffs, (a.shape[1], a.shape[0]), interpolation, fill, perspective=True)
+
+
+def _pil_fill(fill: Any, a: np.ndarray) -> Any:
+    f = _fill_tuple(fill, get_image_num_channels(a))
+    return f[0] if a.ndim == 2 else f
+
+
+def rotate(a: np.ndarray, angle: float, interpolation: int = Image.NEAREST, expand: bool = False,
+           center: Any = None, fill: Any = None) -> np.ndarray:
+    """``PIL.Image.rotate``: the same matrix, the same output size, the same exact 90-degree paths."""
+    angle = angle % 360.0
+    h, w = a.shape[:2]
+    if center is None:
+        if angle == 0:
+            return a
+        if angle == 180:
+            return cv2().flip(_contig(a), -1)
+        if angle in (90, 270) and (expand or w == h):
+            return cv2().rotate(_contig(a), cv2().ROTATE_90_COUNTERCLOCKWISE if angle == 90 else cv2().ROTATE_90_CLOCKWISE)
+    if interpolation not in _CV_INTER:
+        return _via_pil(a, lambda im: im.rotate(angle, interpolation, expand, center, fillcolor=_pil_fill(fill, a)))
+    cx, cy = (w / 2.0, h / 2.0) if center is None else center
+    rad = -math.radians(angle)
+    m = [round(math.cos(rad), 15), round(math.sin(rad), 15), 0.0, round(-math.sin(rad), 15), round(math.cos(rad), 15), 0.0]
+    m[2] = m[0] * -cx + m[1] * -cy + cx
+    m[5] = m[3] * -cx + m[4] * -cy + cy
+    out_w, out_h = w, h
+    if expand:
+        xx, yy = [], []
+        for x, y in ((0, 0), (w, 0), (w, h), (0, h)):
+            xx.append(m[0] * x + m[1] * y + m[2])
+            yy.append(m[3] * x + m[4] * y + m[5])
+        out_w = math.ceil(max(xx)) - math.floor(min(xx))
+        out_h = math.ceil(max(yy)) - math.floor(min(yy))
+        # PIL recentres the matrix on the new canvas, as Image.rotate does.
+        m[2] = m[0] * (-(out_w / 2.0)) + m[1] * (-(out_h / 2.0)) + cx
+        m[5] = m[3] * (-(out_w / 2.0)) + m[4] * (-(out_h / 2.0)) + cy
+    return _warp(a, m, (out_w, out_h), interpolation, fill, perspective=False)
+
+
+# --- colour -------------------------------------------------------------------------------
+
+
+def _lut(a: np.ndarray, table: np.ndarray) -> np.ndarray:
+    return cv2().LUT(_contig(a), table.astype(np.uint8))
+
+
+def _blend_lut(degenerate: float, factor: float) -> np.ndarray:
+    """PIL's ``Image.blend(constant, img, factor)`` as a lookup table, in PIL's float32 arithmetic."""
+    v = np.arange(256, dtype=np.float32)
+    out = np.float32(degenerate) + np.float32(factor) * (v - np.float32(degenerate))
+    return np.clip(out, 0, 255).astype(np.uint8)
+
+
+def _gray(a: np.ndarray) -> np.ndarray:
+    """PIL's ``convert("L")``: (R*19595 + G*38470 + B*7471 + 0x8000) >> 16."""
+    if a.ndim == 2:
+        return a
+    return cv2().cvtColor(_contig(a), cv2().COLOR_RGB2GRAY)
+
+
+def adjust_brightness(a: np.ndarray, brightness_factor: float) -> np.ndarray:
+    return _lut(a, _blend_lut(0.0, brightness_factor))
+
+
+def adjust_contrast(a: np.ndarray, contrast_factor: float) -> np.ndarray:
+    mean = int(float(_gray(a).mean()) + 0.5)
+    return _lut(a, _blend_lut(float(mean), contrast_factor))
+
+
+def _blend(degenerate: np.ndarray, a: np.ndarray, factor: float) -> np.ndarray:
+    # PIL truncates the blend; OpenCV rounds, so shift by just under half a level.
+    return cv2().addWeighted(_contig(a), float(factor), _contig(degenerate), 1.0 - float(factor), -0.4999)
+
+
+def adjust_saturation(a: np.ndarray, saturation_factor: float) -> np.ndarray:
+    if a.ndim == 2:
+        return a
+    g = _gray(a)
+    return _blend(cv2().cvtColor(g, cv2().COLOR_GRAY2RGB), a, saturation_factor)
+
+
+def adjust_hue(a: np.ndarray, hue_factor: float) -> np.ndarray:
+    if not (-0.5 <= hue_factor <= 0.5):
+        raise ValueError(f"hue_factor ({hue_factor}) is not in [-0.5, 0.5].")
+    if a.ndim == 2:
+        return a
+    c = cv2()
+    hsv = c.cvtColor(_contig(a), c.COLOR_RGB2HSV_FULL)
+    shift = int(np.int32(hue_factor * 255).astype(np.uint8))
+    h = hsv[:, :, 0]
+    np.add(h, np.uint8(shift), out=h, casting="unsafe")
+    return c.cvtColor(hsv, c.COLOR_HSV2RGB_FULL)
+
+
+def adjust_sharpness(a: np.ndarray, sharpness_factor: float) -> np.ndarray:
+    if a.shape[0] <= 2 or a.shape[1] <= 2:
+        return a
+    c = cv2()
+    src = _contig(a)
+    kernel = np.array([[1, 1, 1], [1, 5, 1], [1, 1, 1]], dtype=np.float32) / 13.0
+    smooth = c.filter2D(src, -1, kernel, borderType=c.BORDER_REPLICATE)
+    # PIL's SMOOTH filter leaves the outermost rows and columns as they were.
+    smooth[0], smooth[-1], smooth[:, 0], smooth[:, -1] = src[0], src[-1], src[:, 0], src[:, -1]
+    return _blend(smooth, src, sharpness_factor)
+
+
+def adjust_gamma(a: np.ndarray, gamma: float, gain: float = 1.0) -> np.ndarray:
+    if gamma < 0:
+        raise ValueError("Gamma should be a non-negative real number")
+    table = np.array([int((255 + 1 - 1e-3) * gain * pow(ele / 255.0, gamma)) for ele in range(256)])
+    return _lut(a, np.clip(table, 0, 255))
+
+
+def to_grayscale(a: np.ndarray, num_output_channels: int) -> np.ndarray:
+    if num_output_channels not in (1, 3):
+        raise ValueError("num_output_channels should be either 1 or 3")
+    g = _gray(a)
+    return g if num_output_channels == 1 else np.dstack([g, g, g])
+
+
+def invert(a: np.ndarray) -> np.ndarray:
+    return 255 - a
+
+
+def posterize(a: np.ndarray, bits: int) -> np.ndarray:
+    return a & np.uint8(~(2 ** (8 - bits) - 1) & 0xFF)
+
+
+def solarize(a: np.ndarray, threshold: int) -> np.ndarray:
+    return np.where(a < threshold, a, 255 - a)
+
+
+def autocontrast(a: np.ndarray) -> np.ndarray:
+    return _via_pil(a, ImageOps.autocontrast)
+
+
+def equalize(a: np.ndarray) -> np.ndarray:
+    return _via_pil(a, ImageOps.equalize)
+
+
+def gaussian_blur(a: np.ndarray, kernel_size: list[int], sigma: list[float]) -> np.ndarray:
+    """torchvision's Gaussian blur (reflect padding, same kernel) on uint8, through OpenCV."""
+    c = cv2()
+    kx, ky = int(kernel_size[0]), int(kernel_size[1])
+    if min(a.shape[:2]) <= max(kx, ky) // 2:
+        # OpenCV's reflect border needs the image larger than half the kernel; use torchvision's own path.
+        import torch
+        from torchvision.transforms import _functional_tensor as F_t
+
+        t = _from_numpy(_contig(a))
+        t = t[None] if a.ndim == 2 else t.permute(2, 0, 1)
+        out = F_t.gaussian_blur(t.contiguous(), [kx, ky], [float(sigma[0]), float(sigma[1])])
+        return out[0].numpy() if a.ndim == 2 else out.permute(1, 2, 0).numpy()
+    kernel_x = _gauss1d(kx, float(sigma[0]))
+    kernel_y = _gauss1d(ky, float(sigma[1]))
+    return c.sepFilter2D(_contig(a), -1, kernel_x, kernel_y, borderType=c.BORDER_REFLECT_101)
+
+
+def _gauss1d(size: int, sigma: float) -> np.ndarray:
+    half = (size - 1) * 0.5
+    x = np.linspace(-half, half, size, dtype=np.float32)
+    pdf = np.exp(-0.5 * (x / np.float32(sigma)) ** 2)
+    return (pdf / pdf.sum()).astype(np.float32)
+
+
+# --- to tensor ------------------------------------------------------------------------------
+
+
+def to_tensor(a: np.ndarray, dtype: Any = None):
+    """``ToTensor``: CHW float in [0, 1], bit-identical to torchvision (one pass to float, one divide)."""
+    import torch
+
+    dtype = dtype or torch.get_default_dtype()
+    hwc = a[:, :, None] if a.ndim == 2 else a
+    out = torch.empty((hwc.shape[2], hwc.shape[0], hwc.shape[1]), dtype=dtype)
+    out.copy_(_from_numpy(hwc).permute(2, 0, 1))
+    return out.div_(255)
+
+
+def pil_to_tensor(a: np.ndarray):
+    hwc = a[:, :, None] if a.ndim == 2 else a
+    return _from_numpy(hwc).permute(2, 0, 1).contiguous()
+
+
+def _from_numpy(a: np.ndarray):
+    import torch
+
+    if any(s < 0 for s in a.strides):
+        a = np.ascontiguousarray(a)
+    if a.flags.writeable:
+        return torch.from_numpy(a)
+    # A read-only array (np.asarray of a PIL image) is only ever read from here.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(a)

@@ -1,0 +1,96 @@
+"""The one contract every patch module meets: apply, revert, idempotency, version skip."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import warnings
+
+import pytest
+
+from nano_patch.config import Options
+from nano_patch.patches import all_patches
+from nano_patch.registry import NanoPatchWarning
+
+PATCHES = all_patches()
+
+
+def _available(name: str) -> bool:
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.fixture(params=PATCHES, ids=lambda p: p.name)
+def patch(request):
+    p = type(request.param)(request.param.target) if request.param.group == "trainer" else type(request.param)()
+    if not _available(p.target):
+        pytest.skip(f"{p.target} is not installed")
+    yield p
+    p.revert()
+
+
+def _snapshot(p):
+    return [(owner, name, vars(owner).get(name)) for owner, name, _ in p.record._entries]
+
+
+def test_apply_replaces_and_revert_restores_identity(patch):
+    module = importlib.import_module(patch.target)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NanoPatchWarning)
+        assert patch.apply(module, Options())
+    assert patch.applied and len(patch.record) > 0
+    replaced = list(patch.record._entries)
+    for owner, name, old in replaced:
+        assert vars(owner)[name] is not old, f"{owner}.{name} was recorded but not replaced"
+    patch.revert()
+    assert not patch.applied and len(patch.record) == 0
+    for owner, name, old in replaced:
+        assert vars(owner).get(name) is old, f"{owner}.{name} not restored to the same object"
+
+
+def test_apply_twice_is_idempotent(patch):
+    module = importlib.import_module(patch.target)
+    assert patch.apply(module, Options())
+    first = _snapshot(patch)
+    assert patch.apply(module, Options())
+    assert _snapshot(patch) == first
+
+
+def test_unsupported_version_skips_with_one_warning(patch):
+    module = importlib.import_module(patch.target)
+    dist = next(iter(patch.requires))
+    patch.requires = {dist: "<0.0.1"}
+    with pytest.warns(NanoPatchWarning, match=re.escape(f"skipped patch '{patch.name}'")) as rec:
+        assert patch.apply(module, Options()) is False
+    assert len([w for w in rec if issubclass(w.category, NanoPatchWarning)]) == 1
+    assert not patch.applied and len(patch.record) == 0
+    assert "outside the supported range" in patch.skipped
+
+
+def test_failure_while_patching_leaves_nothing_half_patched(patch, monkeypatch):
+    module = importlib.import_module(patch.target)
+    original_apply = patch._apply
+
+    def broken(mod, options):
+        original_apply(mod, options)
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(patch, "_apply", broken)
+    before = {id(o): dict(vars(o)) for o in _owners(patch, module)}
+    with pytest.warns(NanoPatchWarning, match="failed while patching: RuntimeError: boom"):
+        assert patch.apply(module, Options()) is False
+    for o in _owners(patch, module):
+        after = dict(vars(o))
+        assert after.keys() == before[id(o)].keys()
+        assert all(after[k] is before[id(o)][k] for k in after)
+
+
+def _owners(patch, module):
+    p2 = type(patch)(patch.target) if patch.group == "trainer" else type(patch)()
+    p2.apply(module, Options())
+    owners = {id(o): o for o, _, _ in p2.record._entries}
+    p2.revert()
+    return list(owners.values())
