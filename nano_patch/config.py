@@ -42,6 +42,7 @@ class Options:
     channels_last: bool = False
     auto_lr: bool | dict[str, Any] = False
     uint8_batches: bool = True
+    scaled_decode: bool = False
 
     def to_env_json(self) -> str:
         """Serialise the options for a child process."""
@@ -65,6 +66,7 @@ ACCEPTED = {
     "channels_last": "a bool (env: 1/0, true/false, yes/no, on/off)",
     "auto_lr": 'a bool, or {"warmup_epochs": k} with k >= 0 (env: 1/0, or a JSON object)',
     "uint8_batches": "a bool (env: 1/0, true/false, yes/no, on/off)",
+    "scaled_decode": "a bool (env: 1/0, true/false, yes/no, on/off)",
 }
 
 
@@ -158,7 +160,7 @@ def validate(name: str, value: Any, source: str = "argument") -> Any:
     """Validate and normalise one option value; raise :class:`ConfigError` naming it otherwise."""
     if name not in ACCEPTED:
         raise ConfigError(f"unknown nano-patch option {name!r}; accepted options: {', '.join(FIELDS)}")
-    if name in ("vision", "dataloader", "trainer", "channels_last", "uint8_batches"):
+    if name in ("vision", "dataloader", "trainer", "channels_last", "uint8_batches", "scaled_decode"):
         return _bool(name, value, source)
     if name == "num_processes":
         return _num_processes(value, source)

@@ -10,7 +10,7 @@ import pytest
 
 from nano_patch.config import Options
 from nano_patch.patches import all_patches
-from nano_patch.registry import NanoPatchWarning
+from nano_patch.registry import NanoPatchWarning, own_value
 
 PATCHES = all_patches()
 
@@ -33,7 +33,7 @@ def patch(request):
 
 
 def _snapshot(p):
-    return [(owner, name, vars(owner).get(name)) for owner, name, _ in p.record._entries]
+    return [(owner, name, own_value(owner, name)) for owner, name, _ in p.record._entries]
 
 
 def test_apply_replaces_and_revert_restores_identity(patch):
@@ -44,11 +44,11 @@ def test_apply_replaces_and_revert_restores_identity(patch):
     assert patch.applied and len(patch.record) > 0
     replaced = list(patch.record._entries)
     for owner, name, old in replaced:
-        assert vars(owner)[name] is not old, f"{owner}.{name} was recorded but not replaced"
+        assert own_value(owner, name) is not old, f"{owner}.{name} was recorded but not replaced"
     patch.revert()
     assert not patch.applied and len(patch.record) == 0
     for owner, name, old in replaced:
-        assert vars(owner).get(name) is old, f"{owner}.{name} not restored to the same object"
+        assert own_value(owner, name) is old, f"{owner}.{name} not restored to the same object"
 
 
 def test_apply_twice_is_idempotent(patch):
@@ -79,13 +79,20 @@ def test_failure_while_patching_leaves_nothing_half_patched(patch, monkeypatch):
         raise RuntimeError("boom")
 
     monkeypatch.setattr(patch, "_apply", broken)
-    before = {id(o): dict(vars(o)) for o in _owners(patch, module)}
+    before = {id(o): _state(o) for o in _owners(patch, module)}
     with pytest.warns(NanoPatchWarning, match="failed while patching: RuntimeError: boom"):
         assert patch.apply(module, Options()) is False
     for o in _owners(patch, module):
-        after = dict(vars(o))
+        after = _state(o)
         assert after.keys() == before[id(o)].keys()
         assert all(after[k] is before[id(o)][k] for k in after)
+
+
+def _state(o):
+    state = dict(vars(o))
+    if hasattr(o, "__code__"):
+        state["__code__"] = o.__code__
+    return state
 
 
 def _owners(patch, module):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import types
 
 import nano_patch
 
@@ -30,6 +31,9 @@ def _snapshot() -> dict[tuple[str, str, str], object]:
                 continue
             value = getattr(mod, attr)
             snap[(name, attr, "")] = value
+            if isinstance(value, types.FunctionType):
+                snap[(name, attr, "__code__")] = value.__code__
+                snap[(name, attr, "__dict__")] = dict(vars(value))
             if isinstance(value, type):
                 for k, v in vars(value).items():
                     snap[(name, attr, k)] = v
@@ -46,7 +50,7 @@ def test_unpatch_restores_every_attribute_by_identity():
     nano_patch.unpatch_torch()
     after = _snapshot()
     assert after.keys() == before.keys()
-    differing = [k for k in before if after[k] is not before[k]]
+    differing = [k for k in before if after[k] is not before[k] and not (k[2] == "__dict__" and after[k] == before[k])]
     assert differing == []
     assert not nano_patch.is_patched()
 

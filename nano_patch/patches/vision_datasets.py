@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any, ClassVar
@@ -34,26 +33,15 @@ class VisionDatasetsPatch(Patch):
         return f"torchvision internals changed: missing datasets.folder.{', '.join(missing)}" if missing else None
 
     def _apply(self, module: ModuleType, options: Options) -> None:
-        import torchvision
         from torchvision.datasets import folder
 
         from ..vision import loading
 
-        stock_loaders = (folder.pil_loader, folder.default_loader)
-
-        @functools.wraps(folder.pil_loader)
-        def pil_loader(path: str) -> Any:
-            return loading.load_pil(path)
-
-        @functools.wraps(folder.default_loader)
-        def default_loader(path: str) -> Any:
-            if torchvision.get_image_backend() == "accimage":
-                return stock_loaders[1](path)
-            return loading.load_pil(path)
-
-        known = (*stock_loaders, pil_loader, default_loader)
-        self.record.replace(folder, "pil_loader", pil_loader)
-        self.record.replace(folder, "default_loader", default_loader)
+        known = (folder.pil_loader, folder.default_loader)
+        # Redirected in place: datasets hold these very objects as default arguments and must
+        # still pickle by reference under the spawn start method.
+        self.record.redirect(folder.pil_loader, loading.load_pil)
+        self.record.redirect(folder.default_loader, loading.default_loader)
         self.record.wrap(folder.DatasetFolder, "__getitem__", _loader_adapter(folder, known, lambda d, i: d.samples[i]))
         for cls, adapter in builtin_adapters(module, known).items():
             self.record.wrap(cls, "__getitem__", adapter)

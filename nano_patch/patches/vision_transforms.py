@@ -8,19 +8,19 @@ Where the patch goes in:
 - ``functional.to_tensor``, ``pil_to_tensor`` and ``gaussian_blur``, which do not dispatch there.
 - ``Compose.__call__``: keeps images as arrays between accelerated steps (``vision/pipeline.py``).
 
-The replacement functions are plain functions carrying the original's ``__module__`` and
-``__qualname__``, so transforms that hold them (``Lambda(F.hflip)``) still pickle by reference.
+Functions are redirected in place (``AttributeRecord.redirect``): each stays the same object, so
+``from torchvision.transforms.functional import to_tensor`` done earlier sees the patch and
+``Lambda(F.hflip)`` still pickles by reference.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any, ClassVar
 
 from ..config import Options
-from ..registry import Patch
+from ..registry import Patch, stock_copy
 
 # PIL backend function -> accelerate PIL RGB/L input as well (else only arrays take the kernel).
 _PIL_BACKEND: dict[str, bool] = {
@@ -67,7 +67,6 @@ def _backend_wrapper(original: Callable[..., Any], kernel: Callable[..., Any], p
 
     name = original.__name__
 
-    @functools.wraps(original)
     def patched(img: Any, *args: Any, **kwargs: Any) -> Any:
         if K.is_image_array(img):
             return kernel(img, *args, **kwargs)
@@ -95,7 +94,6 @@ def _to_tensor_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
 
     from ..vision import functional as K
 
-    @functools.wraps(original)
     def to_tensor(pic: Any) -> Any:
         if K.is_image_array(pic):
             return K.to_tensor(pic)
@@ -109,7 +107,6 @@ def _to_tensor_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
 def _pil_to_tensor_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
     from ..vision import functional as K
 
-    @functools.wraps(original)
     def pil_to_tensor(pic: Any) -> Any:
         if K.is_image_array(pic):
             return K.pil_to_tensor(pic)
@@ -123,7 +120,6 @@ def _gaussian_blur_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
 
     from ..vision import functional as K
 
-    @functools.wraps(original)
     def gaussian_blur(img: Any, kernel_size: Any, sigma: Any = None) -> Any:
         is_array = K.is_image_array(img)
         if not (is_array or (isinstance(img, Image.Image) and img.mode in ("RGB", "L"))):
@@ -193,10 +189,11 @@ class VisionTransformsPatch(Patch):
             module.Normalize,
         )
         for name, pil_too in _PIL_BACKEND.items():
-            self.record.replace(F_pil, name, _backend_wrapper(getattr(F_pil, name), getattr(K, name), pil_too))
-        self.record.replace(F, "to_tensor", _to_tensor_wrapper(F.to_tensor))
-        self.record.replace(F, "pil_to_tensor", _pil_to_tensor_wrapper(F.pil_to_tensor))
-        self.record.replace(F, "gaussian_blur", _gaussian_blur_wrapper(F.gaussian_blur))
+            func = getattr(F_pil, name)
+            self.record.redirect(func, _backend_wrapper(stock_copy(func), getattr(K, name), pil_too))
+        self.record.redirect(F.to_tensor, _to_tensor_wrapper(stock_copy(F.to_tensor)))
+        self.record.redirect(F.pil_to_tensor, _pil_to_tensor_wrapper(stock_copy(F.pil_to_tensor)))
+        self.record.redirect(F.gaussian_blur, _gaussian_blur_wrapper(stock_copy(F.gaussian_blur)))
 
         def compose_call(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             if len(args) == 1 and not kwargs:

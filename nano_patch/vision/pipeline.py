@@ -30,17 +30,22 @@ def configure(capable: Sequence[type], containers: Sequence[type], to_tensor: ty
     _to_tensor_cls, _normalize_cls = to_tensor, normalize
 
 
-def _own_call(t: Any, base: type) -> bool:
-    cls = type(t)
-    return cls.__call__ is base.__call__ and getattr(cls, "forward", None) is getattr(base, "forward", None)
+def behaves_as(t: Any, base: type) -> bool:
+    """``t`` is a ``base``, and no class between its own and ``base`` overrides ``__call__`` or ``forward``."""
+    for klass in type(t).__mro__:
+        if klass is base:
+            return True
+        if "__call__" in vars(klass) or "forward" in vars(klass):
+            return False
+    return False
 
 
 def accepts_arrays(t: Callable[..., Any]) -> bool:
     """True if ``t`` is a stock transform (or a subclass that changes no behaviour) that works on arrays."""
     for base in _containers:
-        if isinstance(t, base) and _own_call(t, base):
+        if behaves_as(t, base):
             return all(accepts_arrays(c) for c in t.transforms)
-    return any(isinstance(t, base) and _own_call(t, base) for base in _capable)
+    return any(behaves_as(t, base) for base in _capable)
 
 
 def _is_pil_rgb_or_l(x: Any) -> bool:
