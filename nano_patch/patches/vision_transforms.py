@@ -203,3 +203,8 @@ class VisionTransformsPatch(Patch):
             return wrapped(*args, **kwargs)
 
         self.record.wrap(module.Compose, "__call__", compose_call)
+
+    def _revert(self) -> None:
+        from ..vision import functional as K
+
+        K.release_cv2()

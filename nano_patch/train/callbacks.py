@@ -128,6 +128,8 @@ def auto_lr_callback(pl: ModuleType) -> type:
                         for g, lr in zip(opt.param_groups, saved):
                             g["lr"] = lr
 
+                if hasattr(inner, "_wrapped_by_lr_sched"):
+                    step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]  # torch's order check
                 self._wrapped.append((opt, "step" in vars(opt), vars(opt).get("step")))
                 opt.step = step
 

@@ -11,7 +11,6 @@ Arrays may be views (a crop inside the image is free); every kernel accepts non-
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -22,22 +21,32 @@ from PIL import Image, ImageOps
 from .. import sysinfo
 
 _cv2 = None
-_cv2_pid = -1
+#: OpenCV's thread count before the first kernel call, restored by :func:`release_cv2`.
+_cv2_threads_before: int | None = None
 
 
 def cv2():
-    """OpenCV, imported on first use, capped at one thread inside DataLoader workers."""
-    global _cv2, _cv2_pid
-    if _cv2 is None or _cv2_pid != os.getpid():
+    """OpenCV, imported on first use and kept single-threaded.
+
+    A forked DataLoader worker deadlocks in OpenCV if the parent had already started OpenCV's
+    thread pool. Per-image kernels gain little from threads; the parallelism is the workers'.
+    """
+    global _cv2, _cv2_threads_before
+    if _cv2 is None:
         import cv2 as _m
 
+        _cv2_threads_before = _m.getNumThreads()
+        _m.setNumThreads(1)
         _cv2 = _m
-        _cv2_pid = os.getpid()
-        import torch.utils.data
-
-        if torch.utils.data.get_worker_info() is not None:
-            _m.setNumThreads(1)
     return _cv2
+
+
+def release_cv2() -> None:
+    """Give OpenCV back the thread count it had before the kernels used it."""
+    global _cv2, _cv2_threads_before
+    if _cv2 is not None and _cv2_threads_before is not None:
+        _cv2.setNumThreads(_cv2_threads_before)
+    _cv2, _cv2_threads_before = None, None
 
 
 def is_image_array(img: Any) -> bool:

@@ -1,0 +1,240 @@
+"""The Trainer patch in real processes: pinned ranks, averaged gradients, bf16, channels-last, crashes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import nano_patch
+from nano_patch.config import ConfigError
+
+SCRIPT = Path(__file__).parent / "scripts" / "digits_lightning.py"
+TWO_CORES = len(os.sched_getaffinity(0)) >= 2
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NANO_PATCH_", "_NANO_PATCH", "OMP_"))}
+    env.update(PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def _run(out: Path, *args: str, via_nano: bool = True, timeout: int = 300, **env: str):
+    cmd = [sys.executable, "-m", "nano_patch", "run"] if via_nano else [sys.executable]
+    start = time.monotonic()
+    proc = subprocess.run([*cmd, str(SCRIPT), str(out), *args], env=_env(**env), capture_output=True, text=True,
+                          timeout=timeout, cwd=out)
+    return proc, time.monotonic() - start
+
+
+def _ranks(out: Path, n: int) -> list[dict]:
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(n)]
+
+
+def _weights(path: str) -> dict[str, torch.Tensor]:
+    return torch.load(path, weights_only=True)
+
+
+@pytest.mark.skipif(not TWO_CORES, reason="needs 2 usable cores")
+def test_unchanged_script_two_pinned_ranks_average_gradients(tmp_path):
+    """`nano-patch run` + NANO_PATCH_NUM_PROCESSES=2: disjoint cores, 1 thread each, identical weights,
+    equal to one process over the same global batch."""
+    multi, single = tmp_path / "multi", tmp_path / "single"
+    multi.mkdir(), single.mkdir()
+    proc, _ = _run(multi, "max_steps=6", "batch=16", NANO_PATCH_NUM_PROCESSES="2")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r0, r1 = _ranks(multi, 2)
+    assert r0["world"] == r1["world"] == 2 and r0["pid"] != r1["pid"]
+    assert r0["strategy"] == "NanoDDPStrategy"
+    assert r0["affinity"] and r1["affinity"] and not set(r0["affinity"]) & set(r1["affinity"])
+    for r in (r0, r1):
+        assert r["threads"] == len(r["affinity"]) == int(r["omp"])
+        assert all(a == r["affinity"] for a in r["task_affinity"]), "a thread escaped the pinning"
+    w0, w1 = _weights(r0["weights"]), _weights(r1["weights"])
+    assert all(torch.equal(w0[k], w1[k]) for k in w0)
+    proc, _ = _run(single, "max_steps=6", "batch=32", "order=ddp", via_nano=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ws = _weights(_ranks(single, 1)[0]["weights"])
+    for k in ws:
+        torch.testing.assert_close(w0[k], ws[k], rtol=1e-4, atol=1e-5)
+    moved = [k for k in ws if not torch.allclose(ws[k], _initial_weights()[k])]
+    assert moved, "training did not change the weights"
+
+
+def _initial_weights() -> dict[str, torch.Tensor]:
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import digits_lightning
+    finally:
+        sys.path.pop(0)
+    torch.manual_seed(0)
+    return {k: v.detach().clone() for k, v in digits_lightning.DigitsCNN().state_dict().items()}
+
+
+@pytest.mark.skipif(not TWO_CORES, reason="needs 2 usable cores")
+def test_fork_start_method_with_explicit_cores(tmp_path):
+    proc, _ = _run(tmp_path, "max_steps=3", "strategy=nano_ddp_fork", NANO_PATCH_CPU_FOR_EACH_PROCESS="1;0")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r0, r1 = _ranks(tmp_path, 2)
+    assert (r0["affinity"], r1["affinity"]) == ([1], [0])
+    w0, w1 = _weights(r0["weights"]), _weights(r1["weights"])
+    assert all(torch.equal(w0[k], w1[k]) for k in w0)
+
+
+@pytest.mark.skipif(not TWO_CORES, reason="needs 2 usable cores")
+def test_a_crashing_rank_ends_every_rank_quickly(tmp_path):
+    proc, seconds = _run(tmp_path, "max_steps=20", "crash_rank=1", NANO_PATCH_NUM_PROCESSES="2", timeout=240)
+    assert proc.returncode != 0
+    assert "rank crashed on purpose" in proc.stderr
+    assert seconds < 120, f"took {seconds:.0f}s to fail"
+
+
+def test_bf16_and_channels_last_reach_fp32_accuracy(tmp_path):
+    """Single process, 5 epochs on digits: bf16 and channels-last within 3 points of fp32."""
+    acc = {}
+    for name, env in {"fp32": {}, "bf16": {"NANO_PATCH_PRECISION": "bf16"},
+                      "channels_last": {"NANO_PATCH_CHANNELS_LAST": "1"}}.items():
+        out = tmp_path / name
+        out.mkdir()
+        proc, _ = _run(out, "epochs=5", "batch=32", "lr=0.02", **env)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        acc[name] = json.loads((out / "metrics.json").read_text())["val_acc"]
+        rank = _ranks(out, 1)[0]
+        if name == "bf16":
+            assert rank["precision"] == "bf16-mixed"
+        if name == "channels_last":
+            assert rank["channels_last_weight"] and rank["channels_last_batch"]
+    assert acc["fp32"] > 0.75, acc
+    assert abs(acc["bf16"] - acc["fp32"]) <= 0.03, acc
+    assert abs(acc["channels_last"] - acc["fp32"]) <= 0.03, acc
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "names"),
+    [
+        ({"num_processes": 2, "devices": 4}, ["num_processes=2", "devices=4"]),
+        ({"num_processes": 2, "accelerator": "gpu"}, ["num_processes=2", "accelerator='gpu'"]),
+        ({"num_processes": 2, "strategy": "deepspeed"}, ["num_processes=2", "strategy='deepspeed'"]),
+        ({"num_processes": 0}, ["num_processes", "positive int"]),
+        ({"cpu_for_each_process": [[0], [0]]}, ["cpu_for_each_process", "twice"]),
+        ({"num_processes": 3, "cpu_for_each_process": [[0], [1]]}, ["num_processes=3", "cpu_for_each_process"]),
+    ],
+)
+def test_conflicting_arguments_name_both(kwargs, names):
+    import pytorch_lightning as pl
+
+    nano_patch.patch_torch()
+    with pytest.raises(ConfigError) as exc:
+        pl.Trainer(logger=False, **kwargs)
+    for n in names:
+        assert n in str(exc.value)
+
+
+def test_too_many_processes_is_a_clear_error():
+    from nano_patch.train import topology
+
+    n = len(topology.physical_cores()) + 1
+    with pytest.raises(ValueError, match=f"num_processes={n} is more than the"):
+        topology.split_cores(n)
+
+
+def test_both_namespaces_are_patched():
+    import lightning.pytorch as L
+    import pytorch_lightning as pl
+
+    nano_patch.patch_torch(precision="bf16")
+    for ns in (pl, L):
+        t = ns.Trainer(logger=False, enable_checkpointing=False, channels_last=True, auto_lr=True)
+        assert t.precision == "bf16-mixed"
+        names = {type(c).__name__ for c in t.callbacks}
+        assert {"ChannelsLast", "AutoLR"} <= names
+        assert all(isinstance(c, ns.Callback) for c in t.callbacks)
+    nano_patch.unpatch_torch()
+    t = pl.Trainer(logger=False, enable_checkpointing=False)
+    assert t.precision == "32-true"
+
+
+def test_auto_lr_scales_and_warms_up_with_a_user_scheduler():
+    import pytorch_lightning as pl
+
+    from nano_patch.train.callbacks import auto_lr_callback
+
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.5)
+
+    class FakeTrainer:
+        world_size = 4
+        optimizers = [opt]
+        lr_scheduler_configs = [type("C", (), {"scheduler": sched})()]
+        num_training_batches = 10
+        estimated_stepping_batches = 100
+        global_step = 0
+
+    cb = auto_lr_callback(pl)(warmup_epochs=1)  # 10 warmup steps
+    trainer = FakeTrainer()
+    step_before = vars(opt).get("step")
+    cb.on_fit_start(trainer, None)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.4) and sched.base_lrs == [pytest.approx(0.4)]
+    used = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "optimizer.step() has been overridden" warning
+        for step in range(12):
+            trainer.global_step = step
+            p.grad = torch.ones(1)
+            before = p.item()
+            opt.step()
+            used.append(before - p.item())  # plain SGD: the step taken is the lr used
+            sched.step()
+    # Step 0: the original lr (0.1 = 0.4 * 1/4); linear to the full 0.4; StepLR halves at step 5.
+    assert used[0] == pytest.approx(0.1, rel=1e-5)
+    assert used[4] == pytest.approx(0.4 * (0.25 + 0.75 * 4 / 10), rel=1e-5)
+    assert used[6] == pytest.approx(0.2 * (0.25 + 0.75 * 6 / 10), rel=1e-5)
+    assert used[11] == pytest.approx(0.4 * 0.5 * 0.5, rel=1e-5)
+    assert opt.param_groups[0]["lr"] == pytest.approx(sched.get_last_lr()[0])
+    cb.on_fit_end(trainer, None)
+    assert vars(opt).get("step") is step_before
+
+
+def test_checkpoints_load_both_ways(tmp_path):
+    import pytorch_lightning as pl
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import digits_lightning as dl
+    finally:
+        sys.path.pop(0)
+    train, val = dl.data()
+    loader = torch.utils.data.DataLoader(train, batch_size=64)
+    common = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+
+    nano_patch.patch_torch(precision="bf16", channels_last=True)
+    t = pl.Trainer(max_steps=3, default_root_dir=tmp_path, **common)
+    t.fit(dl.DigitsCNN(), loader)
+    patched_ckpt = tmp_path / "patched.ckpt"
+    t.save_checkpoint(patched_ckpt)
+    nano_patch.unpatch_torch()
+
+    # Patched -> stock: torch.load + load_state_dict, and a stock Trainer resume.
+    state = torch.load(patched_ckpt, weights_only=False)["state_dict"]
+    fresh = dl.DigitsCNN()
+    fresh.load_state_dict(state)
+    assert all(torch.equal(fresh.state_dict()[k], state[k].contiguous()) for k in state)
+    pl.Trainer(max_steps=5, default_root_dir=tmp_path, **common).fit(dl.DigitsCNN(), loader, ckpt_path=patched_ckpt)
+
+    # Stock -> patched resume.
+    t = pl.Trainer(max_steps=3, default_root_dir=tmp_path, **common)
+    t.fit(dl.DigitsCNN(), loader)
+    stock_ckpt = tmp_path / "stock.ckpt"
+    t.save_checkpoint(stock_ckpt)
+    nano_patch.patch_torch(precision="bf16", channels_last=True)
+    t = pl.Trainer(max_steps=5, default_root_dir=tmp_path, **common)
+    t.fit(dl.DigitsCNN(), loader, ckpt_path=stock_ckpt)
+    assert t.global_step == 5
