@@ -14,6 +14,7 @@ from sklearn.datasets import load_digits
 from torch.utils.data import DataLoader, TensorDataset
 
 ARGS = dict(a.split("=", 1) for a in sys.argv[2:] if "=" in a)
+OUT_DIR = sys.argv[1] if __name__ == "__main__" else None  # imported by a test: write nothing
 
 
 class DigitsCNN(pl.LightningModule):
@@ -44,7 +45,9 @@ class DigitsCNN(pl.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=self.lr)
 
     def on_train_end(self):
-        out = sys.argv[1]
+        out = OUT_DIR
+        if out is None:
+            return
         weights = os.path.join(out, f"weights{self.global_rank}.pt")
         torch.save({k: v.detach().float().contiguous() for k, v in self.state_dict().items()}, weights)
         with open(os.path.join(out, f"rank{self.global_rank}.json"), "w") as f:
