@@ -69,7 +69,8 @@ def patch_torch(
     """
     from . import config
 
-    explicit = {k: v for k, v in (("vision", vision), ("dataloader", dataloader), ("trainer", trainer)) if v is not None}
+    switches = (("vision", vision), ("dataloader", dataloader), ("trainer", trainer))
+    explicit = {k: v for k, v in switches if v is not None}
     explicit.update(options)
     opts = config.resolve(explicit)
     # Children (Lightning's script re-run, spawn workers) read this in the .pth startup hook.

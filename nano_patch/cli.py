@@ -82,7 +82,9 @@ def _status(as_json: bool) -> int:
         return 0
     print(f"patched: {info['patched']}")
     for row in info["patches"]:
-        versions = ", ".join(f"{d} {v or 'missing'} (supported {row['requires'][d]})" for d, v in row["versions"].items())
+        versions = ", ".join(
+            f"{d} {v or 'missing'} (supported {row['requires'][d]})" for d, v in row["versions"].items()
+        )
         reason = f" - {row['reason']}" if row["reason"] else ""
         print(f"  {row['name']:<30} {row['state']:<9}{reason}  [{versions}]")
     sysinfo = info["system"]

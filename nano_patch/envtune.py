@@ -12,7 +12,8 @@ from collections.abc import MutableMapping
 
 ALLOCATORS = (
     ("jemalloc", ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib/libjemalloc.so.2"),
-     {"MALLOC_CONF": "oversize_threshold:1,background_thread:true,metadata_thp:auto,dirty_decay_ms:-1,muzzy_decay_ms:-1"}),
+     {"MALLOC_CONF": "oversize_threshold:1,background_thread:true,metadata_thp:auto,"
+                     "dirty_decay_ms:-1,muzzy_decay_ms:-1"}),
     ("tcmalloc", ("/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4", "/usr/lib/libtcmalloc.so.4"), {}),
 )
 

@@ -8,6 +8,7 @@ was before.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import inspect
 import logging
@@ -70,10 +71,8 @@ class AttributeRecord:
         while self._entries:
             owner, name, old = self._entries.pop()
             if old is _MISSING:
-                try:
+                with contextlib.suppress(AttributeError):
                     delattr(owner, name)
-                except AttributeError:
-                    pass
             else:
                 setattr(owner, name, old)
 

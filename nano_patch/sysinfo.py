@@ -55,5 +55,5 @@ def summary() -> dict[str, object]:
         "avx512f": "avx512f" in flags,
         "avx512_bf16": "avx512_bf16" in flags,
         "amx_bf16": "amx_bf16" in flags,
-        "pil": "%s %s" % pillow_distribution(),
+        "pil": "{} {}".format(*pillow_distribution()),
     }

@@ -123,7 +123,10 @@ def test_console_script_and_status():
 
 
 def test_unasked_process_is_never_patched(tmp_path):
-    code = "import sys, torchvision.transforms.functional as F; print(F.to_tensor.__code__.co_filename, 'nano_patch' in sys.modules)"
+    code = (
+        "import sys, torchvision.transforms.functional as F;"
+        "print(F.to_tensor.__code__.co_filename, 'nano_patch' in sys.modules)"
+    )
     proc = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
     filename, imported = proc.stdout.split()
     assert filename.endswith("torchvision/transforms/functional.py") and imported == "False"

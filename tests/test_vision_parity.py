@@ -19,14 +19,14 @@ from PIL import Image
 import nano_patch
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-I = T.InterpolationMode
+IM = T.InterpolationMode
 
 # name -> (transform factory, max abs bar, mean abs bar, also on grayscale)
 CASES = {
     "resize_bilinear": (lambda: T.Resize(224), 1, 0.5, True),
-    "resize_bicubic": (lambda: T.Resize((200, 150), interpolation=I.BICUBIC), None, 0.5, True),
+    "resize_bicubic": (lambda: T.Resize((200, 150), interpolation=IM.BICUBIC), None, 0.5, True),
     "resize_up": (lambda: T.Resize(640), 1, 0.5, True),
-    "resize_nearest": (lambda: T.Resize(123, interpolation=I.NEAREST), 0, 0, True),
+    "resize_nearest": (lambda: T.Resize(123, interpolation=IM.NEAREST), 0, 0, True),
     "center_crop": (lambda: T.CenterCrop(200), 0, 0, True),
     "center_crop_pad": (lambda: T.CenterCrop(700), 0, 0, True),
     "random_crop_pad": (lambda: T.RandomCrop(300, padding=20, pad_if_needed=True), 0, 0, True),
@@ -49,7 +49,7 @@ CASES = {
     "random_grayscale": (lambda: T.RandomGrayscale(0.5), 1, 1, True),
     "gaussian_blur": (lambda: T.GaussianBlur(5, (0.5, 2.0)), 1, 0.5, True),
     "rotation": (lambda: T.RandomRotation(30), None, 8, True),
-    "rotation_bilinear_expand": (lambda: T.RandomRotation(30, I.BILINEAR, expand=True), None, 8, True),
+    "rotation_bilinear_expand": (lambda: T.RandomRotation(30, IM.BILINEAR, expand=True), None, 8, True),
     "affine": (lambda: T.RandomAffine(20, (0.1, 0.1), (0.8, 1.2), 10), None, 8, True),
     "perspective": (lambda: T.RandomPerspective(p=1.0), None, 8, True),
     "invert": (lambda: T.RandomInvert(1.0), 0, 0, True),
@@ -176,9 +176,9 @@ def test_geometry_is_exact(photos):
 def test_transforms_pickle_and_run_in_spawned_workers(image_folder):
     import pickle
 
+    import torchvision.transforms.functional as F
     from torch.utils.data import DataLoader
     from torchvision.datasets import ImageFolder
-    import torchvision.transforms.functional as F
 
     nano_patch.patch_torch()
     pipe = T.Compose([T.RandomResizedCrop(64), T.Lambda(F.hflip), T.ToTensor()])

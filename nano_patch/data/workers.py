@@ -59,9 +59,10 @@ def auto_num_workers(dataset: Any) -> int:
     """Workers for a map-style dataset when the user did not choose.
 
     Only datasets that decode files get workers: for in-memory data a worker costs more in
-    pickling than it saves. One worker per two usable cores, at most 4, leaves the other cores to
-    the training threads.
+    pickling than it saves. Two cores stay with the training threads and workers get half of the
+    rest, at most 4: on this project's 2-core machine one worker next to a 2-thread training
+    process measured 20.2 samples/s against 22.8 with none (ResNet-18, benchmarks/train.py).
     """
     if not decodes_per_item(dataset):
         return 0
-    return max(0, min(4, usable_cores() // 2))
+    return max(0, min(4, (usable_cores() - 2) // 2))

@@ -18,7 +18,7 @@ import warnings
 from types import ModuleType
 from typing import Any, ClassVar
 
-from ..config import ConfigError, Options, normalise_precision, validate
+from ..config import ConfigError, Options, validate
 from ..registry import NanoPatchWarning, Patch
 
 log = logging.getLogger("nano_patch")
@@ -98,7 +98,9 @@ def _is_interactive() -> bool:
 def translate(pl: ModuleType, kwargs: dict[str, Any], nano: dict[str, Any]) -> dict[str, Any]:
     """Turn BigDL-Nano's arguments (and the environment defaults) into stock Trainer arguments."""
     import nano_patch
-    from ..train import callbacks, strategy as strategy_mod, topology
+
+    from ..train import callbacks, topology
+    from ..train import strategy as strategy_mod
 
     opts = nano_patch.options()
     values = {k: validate(k, v, source=f"Trainer argument {k}") for k, v in nano.items()}

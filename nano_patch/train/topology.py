@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
@@ -98,8 +99,6 @@ def pin_process(cpus: list[int]) -> None:
     """Pin every existing thread of this process (OpenMP's included) and its future threads to ``cpus``."""
     target = set(cpus)
     for task in os.listdir("/proc/self/task"):
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # a thread that just exited
             os.sched_setaffinity(int(task), target)
-        except (ProcessLookupError, PermissionError):
-            pass  # a thread that just exited
     os.sched_setaffinity(0, target)

@@ -11,9 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from . import decode
+from . import decode, pipeline
 from . import functional as K
-from . import pipeline
 
 # Opt-in only (``scaled_decode``): libjpeg-turbo's scaled IDCT is not an antialiased bilinear
 # filter. On real photos at native resolution, a 1/2-scale decode before the resize measured max

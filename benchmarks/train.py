@@ -1,0 +1,160 @@
+"""Training benchmark: the pets-style ResNet-18 fine-tune, stock Lightning against nano-patch features.
+
+Each configuration runs ``examples/pets_finetune.py`` (unchanged, never importing nano_patch) in a
+fresh process, over JPEGs of real photographs (``examples/make_photo_folder.py``), and reports
+training samples/s measured end to end from JPEG, peak RSS and validation accuracy after the same
+epochs. A compute-only bound (batches preloaded in memory, same model and precision as "all")
+is measured in the same run. Results: ``benchmarks/results/train.json`` and ``train.png``.
+
+    python benchmarks/train.py [--epochs 2] [--per-class 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).parent / "results"
+
+CONFIGS = {
+    "stock": ([], {}),
+    "vision+dataloader patch": (["-m", "nano_patch", "run"], {"NANO_PATCH_TRAINER": "0"}),
+    "bf16": (["-m", "nano_patch", "run"], {"NANO_PATCH_PRECISION": "bf16", "NANO_PATCH_VISION": "0",
+                                          "NANO_PATCH_DATALOADER": "0"}),
+    "channels_last": (["-m", "nano_patch", "run"], {"NANO_PATCH_CHANNELS_LAST": "1", "NANO_PATCH_VISION": "0",
+                                                   "NANO_PATCH_DATALOADER": "0"}),
+    "2 processes (fp32)": (["-m", "nano_patch", "run"], {"NANO_PATCH_NUM_PROCESSES": "2", "NANO_PATCH_VISION": "0",
+                                                        "NANO_PATCH_DATALOADER": "0"}),
+    "all (bf16, channels_last, vision, dataloader)": (
+        ["-m", "nano_patch", "run"], {"NANO_PATCH_PRECISION": "bf16", "NANO_PATCH_CHANNELS_LAST": "1"}),
+    "all + 2 processes": (["-m", "nano_patch", "run"], {"NANO_PATCH_PRECISION": "bf16", "NANO_PATCH_CHANNELS_LAST": "1",
+                                                       "NANO_PATCH_NUM_PROCESSES": "2"}),
+}
+
+COMPUTE_BOUND = r"""
+import sys, time, torch
+sys.path.insert(0, {examples!r})
+from pets_finetune import PetsClassifier
+torch.manual_seed(0)
+model = PetsClassifier(3).to(memory_format=torch.channels_last)
+opt = torch.optim.Adam(model.parameters(), 1e-3)
+batches = [(torch.randn(16, 3, 128, 128).contiguous(memory_format=torch.channels_last), torch.randint(0, 3, (16,)))
+           for _ in range(4)]
+def step(x, y):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad(); loss.backward(); opt.step()
+for x, y in batches: step(x, y)
+n, t = 0, time.perf_counter()
+while time.perf_counter() - t < {seconds}:
+    for x, y in batches: step(x, y); n += 16
+print(f"compute-only samples/s: {{n / (time.perf_counter() - t):.1f}}")
+"""
+
+
+def run_config(name: str, data: Path, epochs: int) -> dict:
+    prefix, env_extra = CONFIGS[name]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NANO_PATCH_", "_NANO_PATCH"))}
+    env.update(env_extra)
+    cmd = [sys.executable, *prefix, str(ROOT / "examples" / "pets_finetune.py"), str(data), "--epochs", str(epochs)]
+    start = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = psutil.Popen(cmd, env=env, stdout=out, stderr=err, text=True)
+        peak = 0
+        while proc.poll() is None:
+            peak = max(peak, _tree_rss(proc))  # every rank and worker, summed
+            time.sleep(0.2)
+        out.seek(0), err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{stderr[-3000:]}")
+    m = re.search(r"train samples/s \(all ranks\): ([\d.]+)\s+val_acc: ([\d.]+)", stdout)
+    return {"samples_per_s": float(m.group(1)), "val_acc": float(m.group(2)), "peak_rss_mb": peak / 2**20,
+            "wall_s": wall}
+
+
+def _tree_rss(proc: psutil.Process) -> int:
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            total += p.memory_info().rss
+    return total
+
+
+def compute_bound(seconds: float) -> float:
+    code = COMPUTE_BOUND.format(examples=str(ROOT / "examples"), seconds=seconds)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(proc.stdout.strip().split(":")[1])
+
+
+def chart(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(result["configs"])
+    vals = [result["configs"][n]["samples_per_s"] for n in names]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    ax.barh(names, vals, color=["grey"] + ["tab:blue"] * (len(names) - 1))
+    ax.axvline(result["compute_only_bound"], color="k", ls="--", lw=1, label="compute-only bound (bf16, CL)")
+    ax.set_xlabel("training samples / s, end to end from JPEG")
+    ax.set_title(f"ResNet-18, 128 px, batch 16\n{result['machine']}")
+    ax.invert_yaxis()
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--per-class", type=int, default=64)
+    ap.add_argument("--only", nargs="*", help="run only these configurations")
+    args = ap.parse_args()
+    sys.path.insert(0, str(ROOT / "examples"))
+    from make_photo_folder import build
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data = build(Path(tmp) / "photos", args.per_class)
+        result = {"machine": f"{_cpu_name()}, {os.cpu_count()} CPUs", "python": platform.python_version(),
+                  "epochs": args.epochs, "per_class": args.per_class, "configs": {}}
+        result["compute_only_bound"] = compute_bound(20)
+        for name in args.only or CONFIGS:
+            result["configs"][name] = run_config(name, data, args.epochs)
+            print(name, result["configs"][name], flush=True)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "train.json").write_text(json.dumps(result, indent=2))
+    chart(result, RESULTS / "train.png")
+    stock = result["configs"]["stock"]["samples_per_s"]
+    print("| configuration | samples/s | vs stock | % of compute bound | val acc | peak RSS MB |")
+    print("|---|---|---|---|---|---|")
+    for name, r in result["configs"].items():
+        print(f"| {name} | {r['samples_per_s']:.1f} | {r['samples_per_s'] / stock:.2f}x | "
+              f"{100 * r['samples_per_s'] / result['compute_only_bound']:.0f}% | {r['val_acc']:.3f} | "
+              f"{r['peak_rss_mb']:.0f} |")
+    print(f"compute-only bound: {result['compute_only_bound']:.1f} samples/s")
+
+
+def _cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.machine()
+
+
+if __name__ == "__main__":
+    main()
