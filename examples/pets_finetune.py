@@ -39,15 +39,23 @@ class PetsClassifier(pl.LightningModule):
     def forward(self, x):
         return self.model(x)
 
+    # Throughput covers data loading and training steps, from the start of each epoch to its last
+    # training batch; validation and the first (warm-up) epoch are left out.
     def on_train_epoch_start(self):
-        self._t0 = time.perf_counter()
+        self._t0 = self._last = time.perf_counter()
+        self._epoch_samples = 0
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self._last = time.perf_counter()
 
     def on_train_epoch_end(self):
-        self.train_seconds += time.perf_counter() - self._t0
+        if self.current_epoch > 0 or self.trainer.max_epochs == 1:
+            self.train_seconds += self._last - self._t0
+            self.samples += self._epoch_samples
 
     def training_step(self, batch, batch_idx):
         x, y = batch
-        self.samples += len(y)
+        self._epoch_samples += len(y)
         loss = torch.nn.functional.cross_entropy(self(x), y)
         self.log("train_loss", loss)
         return loss

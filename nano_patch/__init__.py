@@ -19,15 +19,12 @@ from .config import STARTUP_ENV, ConfigError, Options
 
 if TYPE_CHECKING:
     from .registry import PatchManager
-    from .train.fabric import TorchNano, nano
 
 __all__ = [
     "ConfigError",
     "Options",
-    "TorchNano",
     "__version__",
     "is_patched",
-    "nano",
     "options",
     "patch_torch",
     "status",
@@ -111,10 +108,3 @@ def status() -> dict[str, Any]:
 
     return {"patched": is_patched(), "patches": _get_manager().status(), "system": sysinfo.summary()}
 
-
-def __getattr__(name: str) -> Any:
-    if name in ("nano", "TorchNano"):
-        from .train import fabric
-
-        return getattr(fabric, name)
-    raise AttributeError(f"module 'nano_patch' has no attribute {name!r}")

@@ -30,13 +30,14 @@ class WorkerInit:
 
 
 def cap_threads(n: int) -> None:
+    """Cap torch, OpenMP and OpenCV at ``n`` threads, OpenCV also if it is imported later."""
     import torch
+    import wrapt
 
     os.environ["OMP_NUM_THREADS"] = str(n)
     torch.set_num_threads(n)
-    cv2 = sys.modules.get("cv2")
-    if cv2 is not None:
-        cv2.setNumThreads(n)
+    # Runs now if cv2 is already imported (fork), else when the dataset first imports it (spawn).
+    wrapt.register_post_import_hook(lambda cv2: cv2.setNumThreads(n), "cv2")
 
 
 def usable_cores() -> int:
