@@ -117,7 +117,9 @@ def test_pythonstartup_interactive_session(tmp_path, script):
 
 
 def test_console_script_and_status():
-    proc = subprocess.run(["nano-patch", "status"], capture_output=True, text=True, timeout=120, env=_env())
+    # The script pip wrote beside this interpreter (a pyenv shim on PATH may not be rehashed yet).
+    script = Path(sys.executable).parent / "nano-patch"
+    proc = subprocess.run([str(script), "status"], capture_output=True, text=True, timeout=120, env=_env())
     assert proc.returncode == 0, proc.stderr
     assert "vision_transforms" in proc.stdout and "avx512_bf16=" in proc.stdout and "pil=" in proc.stdout
 
