@@ -44,16 +44,8 @@ class Options:
     uint8_batches: bool = True
     scaled_decode: bool = False
 
-    def to_env_json(self) -> str:
-        """Serialise the options for a child process."""
-        data = dataclasses.asdict(self)
-        if self.cpu_for_each_process is not None:
-            data["cpu_for_each_process"] = [list(c) for c in self.cpu_for_each_process]
-        return json.dumps(data)
-
 
 FIELDS = tuple(f.name for f in dataclasses.fields(Options))
-TRAINING_FIELDS = ("num_processes", "cpu_for_each_process", "precision", "channels_last", "auto_lr")
 
 # What each option accepts, for error messages and the README table.
 ACCEPTED = {
@@ -202,7 +194,7 @@ def resolve(explicit: Mapping[str, Any], environ: Mapping[str, str] | None = Non
 
 
 def from_json(text: str) -> dict[str, Any]:
-    """Parse what :meth:`Options.to_env_json` wrote (explicit arguments for a child process)."""
+    """Parse the explicit arguments ``patch_torch()`` left in ``_NANO_PATCH_STARTUP`` for child processes."""
     data = json.loads(text)
     if not isinstance(data, dict):
         raise ConfigError(f"{STARTUP_ENV} must hold a JSON object, got {text!r}")
