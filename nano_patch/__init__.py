@@ -57,7 +57,7 @@ def patch_torch(
         dataloader: thread caps, worker defaults and uint8 batches (``NANO_PATCH_DATALOADER``).
         trainer: BigDL-Nano's Trainer arguments (``NANO_PATCH_TRAINER``).
         **options: defaults for the training knobs: ``num_processes``, ``cpu_for_each_process``,
-            ``precision``, ``channels_last``, ``auto_lr``, ``uint8_batches``. Each also has its
+            ``precision``, ``channels_last``, ``auto_lr``, ``scaled_decode``. Each also has its
             ``NANO_PATCH_*`` environment variable; an explicit argument wins.
 
     Safe to call twice. Raises :class:`ConfigError`, before patching anything, for an unknown

@@ -41,7 +41,6 @@ class Options:
     precision: str | None = None
     channels_last: bool = False
     auto_lr: bool | dict[str, Any] = False
-    uint8_batches: bool = True
     scaled_decode: bool = False
 
 
@@ -57,7 +56,6 @@ ACCEPTED = {
     "precision": 'one of "32", "bf16" (also 32, "32-true", "bf16-mixed")',
     "channels_last": "a bool (env: 1/0, true/false, yes/no, on/off)",
     "auto_lr": 'a bool, or {"warmup_epochs": k} with k >= 0 (env: 1/0, or a JSON object)',
-    "uint8_batches": "a bool (env: 1/0, true/false, yes/no, on/off)",
     "scaled_decode": "a bool (env: 1/0, true/false, yes/no, on/off)",
 }
 
@@ -152,7 +150,7 @@ def validate(name: str, value: Any, source: str = "argument") -> Any:
     """Validate and normalise one option value; raise :class:`ConfigError` naming it otherwise."""
     if name not in ACCEPTED:
         raise ConfigError(f"unknown nano-patch option {name!r}; accepted options: {', '.join(FIELDS)}")
-    if name in ("vision", "dataloader", "trainer", "channels_last", "uint8_batches", "scaled_decode"):
+    if name in ("vision", "dataloader", "trainer", "channels_last", "scaled_decode"):
         return _bool(name, value, source)
     if name == "num_processes":
         return _num_processes(value, source)
