@@ -43,14 +43,16 @@ def jpeg_size(data: bytes) -> tuple[int, int] | None:
     return h, w
 
 
-def decode_rgb(path: str | os.PathLike[str], min_size: tuple[int, int] | None = None) -> np.ndarray:
+def decode_rgb(
+    path: str | os.PathLike[str], min_size: tuple[int, int] | None = None, data: bytes | None = None
+) -> np.ndarray:
     """Decode ``path`` to an HxWx3 uint8 RGB array equal to ``PIL.Image.open(path).convert("RGB")``.
 
     ``min_size`` = (height, width) lets libjpeg-turbo scale a JPEG down in the DCT domain (by 1/2,
     1/4 or 1/8) while keeping both sides at least that large. It is only a permission: the caller
-    must resize the result to its final size.
+    must resize the result to its final size. ``data``: the file's bytes, when already read.
     """
-    data = read_bytes(path)
+    data = read_bytes(path) if data is None else data
     size = jpeg_size(data)
     if size is not None:
         sj = _simplejpeg()

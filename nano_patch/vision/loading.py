@@ -72,15 +72,15 @@ def _decode_with_first_resize(path: str | os.PathLike[str], transforms: list[Any
     data = decode.read_bytes(path)
     size = decode.jpeg_size(data)
     if size is None:
-        return decode.decode_rgb(path)
+        return decode.decode_rgb(path, data=data)
     h, w = size
     requested = [first.size] if isinstance(first.size, int) else list(first.size)
     out_h, out_w = _compute_resized_output_size((h, w), requested, first.max_size)
     min_h = max(int(out_h * DCT_MARGIN), math.ceil(h * DCT_MIN_SCALE))
     min_w = max(int(out_w * DCT_MARGIN), math.ceil(w * DCT_MIN_SCALE))
     if min_h * 2 > h or min_w * 2 > w:
-        return decode.decode_rgb(path)  # not even a 1/2 DCT scale fits
-    arr = decode.decode_rgb(path, min_size=(min_h, min_w))
+        return decode.decode_rgb(path, data=data)  # not even a 1/2 DCT scale fits
+    arr = decode.decode_rgb(path, min_size=(min_h, min_w), data=data)
     if arr.shape[:2] == (h, w):
         return arr
     from PIL import Image
