@@ -23,8 +23,10 @@ if TYPE_CHECKING:
 __all__ = [
     "ConfigError",
     "Options",
+    "TorchNano",
     "__version__",
     "is_patched",
+    "nano",
     "options",
     "patch_torch",
     "status",
@@ -32,6 +34,15 @@ __all__ = [
 ]
 
 _manager: PatchManager | None = None
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use: they need torch and Lightning Fabric, and `import nano_patch` must stay cheap.
+    if name in ("nano", "TorchNano"):
+        from .train import fabric
+
+        return getattr(fabric, name)
+    raise AttributeError(f"module 'nano_patch' has no attribute {name!r}")
 
 
 def _get_manager() -> PatchManager:

@@ -42,6 +42,7 @@ class Options:
     channels_last: bool = False
     auto_lr: bool | dict[str, Any] = False
     scaled_decode: bool = False
+    uint8_batches: bool = True
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(Options))
@@ -57,6 +58,7 @@ ACCEPTED = {
     "channels_last": "a bool (env: 1/0, true/false, yes/no, on/off)",
     "auto_lr": 'a bool, or {"warmup_epochs": k} with k >= 0 (env: 1/0, or a JSON object)',
     "scaled_decode": "a bool (env: 1/0, true/false, yes/no, on/off)",
+    "uint8_batches": "a bool (env: 1/0, true/false, yes/no, on/off)",
 }
 
 
@@ -150,7 +152,7 @@ def validate(name: str, value: Any, source: str = "argument") -> Any:
     """Validate and normalise one option value; raise :class:`ConfigError` naming it otherwise."""
     if name not in ACCEPTED:
         raise ConfigError(f"unknown nano-patch option {name!r}; accepted options: {', '.join(FIELDS)}")
-    if name in ("vision", "dataloader", "trainer", "channels_last", "scaled_decode"):
+    if name in ("vision", "dataloader", "trainer", "channels_last", "scaled_decode", "uint8_batches"):
         return _bool(name, value, source)
     if name == "num_processes":
         return _num_processes(value, source)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -69,7 +73,7 @@ def test_defaults_only_where_the_user_was_silent(image_folder):
     user_init = DataLoader(folder, batch_size=2, num_workers=1, worker_init_fn=_mark)
     assert user_init.worker_init_fn.user_fn is _mark
     again = DataLoader(folder, batch_size=2, num_workers=1, worker_init_fn=user_init.worker_init_fn)
-    assert again.worker_init_fn is user_init.worker_init_fn  # Lightning's re-creation: not wrapped twice
+    assert again.worker_init_fn.user_fn is _mark  # Lightning's re-creation: not wrapped twice
 
 
 @pytest.mark.parametrize("ctx", ["fork", "spawn"])
@@ -106,3 +110,111 @@ def test_unknown_collate_and_dataset_get_stock_behaviour():
     nano_patch.patch_torch()
     out = list(DataLoader(list(range(6)), batch_size=3, collate_fn=lambda b: sum(b)))
     assert out == [3, 12]
+
+
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+def _exact_pipeline(normalize: bool = True):
+    """Crops and flips only: stock and patched transforms are bit-identical, so batches can be compared to stock."""
+    from torchvision import transforms as T
+
+    tail = [T.ToTensor(), T.Normalize(MEAN, STD)] if normalize else [T.ToTensor()]
+    return T.Compose([T.RandomCrop(96), T.RandomHorizontalFlip(), *tail])
+
+
+def _batches(loader, seed=0):
+    torch.manual_seed(seed)
+    it = iter(loader)
+    return it, list(it)
+
+
+@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+@pytest.mark.parametrize("normalize", [True, False])
+def test_uint8_batches_equal_stock_with_a_quarter_of_the_bytes(image_folder, ctx, normalize):
+    from torchvision.datasets import ImageFolder
+
+    from nano_patch.data.batches import Uint8Batches
+
+    ds = ImageFolder(str(image_folder), transform=_exact_pipeline(normalize))
+    kw = dict(batch_size=4, num_workers=2, multiprocessing_context=ctx)
+    _, stock = _batches(DataLoader(ds, **kw))
+    nano_patch.patch_torch()
+    it, patched = _batches(DataLoader(ds, **kw))
+    assert isinstance(it, Uint8Batches)
+    assert len(patched) == len(stock) == 3
+    for (a, ya), (b, yb) in zip(stock, patched):
+        assert a.dtype == b.dtype == torch.float32 and a.shape == b.shape
+        assert (a - b).abs().max().item() <= 1e-6
+        assert torch.equal(ya, yb)
+    assert it.last_image_bytes * 4 == stock[-1][0].nbytes  # uint8 crossed, not float32
+    assert ds[0][0].dtype == torch.float32  # dataset[i] in the main process stays stock
+
+
+def test_uint8_batches_equal_the_patched_float_path_on_a_resizing_pipeline(image_folder):
+    """Pipeline (b) of the vision benchmark: uint8 batches change nothing but the bytes carried."""
+    from torchvision import transforms as T
+    from torchvision.datasets import ImageFolder
+
+    tf = T.Compose([T.RandomResizedCrop(96), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
+    ds = ImageFolder(str(image_folder), transform=tf)
+    nano_patch.patch_torch(uint8_batches=False)
+    it_f, floats = _batches(DataLoader(ds, batch_size=4, num_workers=1))
+    assert not hasattr(it_f, "last_image_bytes")
+    nano_patch.unpatch_torch()
+    nano_patch.patch_torch(channels_last=True)
+    _, u8 = _batches(DataLoader(ds, batch_size=4, num_workers=1))
+    for (a, _), (b, _) in zip(floats, u8):
+        assert b.is_contiguous(memory_format=torch.channels_last)  # straight into channels-last
+        assert (a - b).abs().max().item() <= 1e-6
+
+
+def test_uint8_batches_only_where_understood(image_folder):
+    from torchvision import transforms as T
+    from torchvision.datasets import ImageFolder
+
+    nano_patch.patch_torch()
+    ds = ImageFolder(str(image_folder), transform=_exact_pipeline())
+    assert DataLoader(ds, batch_size=2, num_workers=1)._nano_uint8 is not None
+    odd = [
+        DataLoader(ds, batch_size=2, num_workers=0),  # nothing crosses processes
+        DataLoader(ds, batch_size=2, num_workers=1, collate_fn=lambda b: b),  # a collate_fn we do not know
+        DataLoader(ds, batch_size=None, num_workers=1),  # no automatic batching
+        DataLoader(ImageFolder(str(image_folder), transform=T.Compose([T.CenterCrop(8), T.ToTensor(),
+                                                                       T.Lambda(lambda t: t * 2)])),
+                   batch_size=2, num_workers=1),  # ends in a user's function
+        DataLoader(ImageFolder(str(image_folder), transform=_exact_pipeline(), loader=_own_loader),
+                   batch_size=2, num_workers=1),  # images from a user's loader
+    ]
+    assert all(dl._nano_uint8 is None for dl in odd)
+    item, target = next(iter(odd[2]))
+    assert item.dtype == torch.float32 and isinstance(target, int)
+    nano_patch.unpatch_torch()
+    nano_patch.patch_torch(vision=False)
+    assert DataLoader(ds, batch_size=2, num_workers=1)._nano_uint8 is None  # needs the transforms patch
+
+
+def _own_loader(path):
+    from PIL import Image
+
+    return Image.open(path).convert("RGB")
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 usable cores")
+def test_lightning_reinjects_its_sampler_into_patched_loaders_on_two_ranks(tmp_path):
+    """Lightning re-creates the DataLoader with a DistributedSampler in each rank; the patch survives it."""
+    script = Path(__file__).parent / "scripts" / "sampler_ranks.py"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NANO_PATCH_", "_NANO_PATCH", "OMP_"))}
+    env["NANO_PATCH_NUM_PROCESSES"] = "2"
+    proc = subprocess.run([sys.executable, "-m", "nano_patch", "run", str(script), str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    for r in (r0, r1):
+        assert r["sampler"] == "DistributedSampler"
+        assert (r["worker_init"], r["persistent"], r["num_workers"]) == ("WorkerInit", True, 1)
+        assert r["user_init_kept"]
+        assert len(r["seen"]) == 40  # 20 samples a rank, 2 epochs
+    for epoch in range(2):
+        a, b = set(r0["seen"][epoch * 20:(epoch + 1) * 20]), set(r1["seen"][epoch * 20:(epoch + 1) * 20])
+        assert not a & b and a | b == set(range(40))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 import time
@@ -153,9 +154,14 @@ def test_both_namespaces_are_patched():
     for ns in (pl, L):
         t = ns.Trainer(logger=False, enable_checkpointing=False, channels_last=True, auto_lr=True)
         assert t.precision == "bf16-mixed"
-        names = {type(c).__name__ for c in t.callbacks}
-        assert {"ChannelsLast", "AutoLR"} <= names
+        from nano_patch.train import callbacks, class_name
+
+        added = [c for c in t.callbacks if type(c).__module__ == callbacks.__name__]
+        assert {type(c).__name__ for c in added} == {class_name("ChannelsLast", ns.__name__),
+                                                     class_name("AutoLR", ns.__name__)}
         assert all(isinstance(c, ns.Callback) for c in t.callbacks)
+        # Pickle finds each namespace's class by name (spawn, checkpoints).
+        assert all(type(pickle.loads(pickle.dumps(c))) is type(c) for c in added)
     nano_patch.unpatch_torch()
     t = pl.Trainer(logger=False, enable_checkpointing=False)
     assert t.precision == "32-true"

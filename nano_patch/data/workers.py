@@ -11,22 +11,32 @@ from typing import Any
 class WorkerInit:
     """Caps torch, OpenMP and OpenCV at one thread in the worker, then calls the user's ``worker_init_fn``.
 
-    A class rather than a closure so that it pickles under the spawn start method.
+    With ``uint8``, the worker's copy of the dataset's transform also stops before ``ToTensor``
+    (see ``data/batches.py``). A class rather than a closure so that it pickles under spawn.
     """
 
-    def __init__(self, user_fn: Callable[[int], Any] | None = None) -> None:
+    def __init__(self, user_fn: Callable[[int], Any] | None = None, uint8: bool = False) -> None:
         self.user_fn = user_fn
+        self.uint8 = uint8
 
     def __call__(self, worker_id: int) -> None:
         cap_threads(1)
+        if self.uint8:
+            from torch.utils.data import get_worker_info
+
+            from .batches import mark_worker_dataset
+
+            info = get_worker_info()
+            if info is not None:
+                mark_worker_dataset(info.dataset)
         if self.user_fn is not None:
             self.user_fn(worker_id)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, WorkerInit) and other.user_fn == self.user_fn
+        return isinstance(other, WorkerInit) and (other.user_fn, other.uint8) == (self.user_fn, self.uint8)
 
     def __hash__(self) -> int:
-        return hash((WorkerInit, self.user_fn))
+        return hash((WorkerInit, self.user_fn, self.uint8))
 
 
 def cap_threads(n: int) -> None:

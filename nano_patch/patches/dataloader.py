@@ -1,12 +1,14 @@
-"""Patch ``torch.utils.data.DataLoader.__init__`` in place.
+"""Patch ``torch.utils.data.DataLoader.__init__`` and ``__iter__`` in place.
 
 Only arguments the user did not pass are changed, so an explicit argument always wins, and
 Lightning's re-creation of a DataLoader from its captured arguments (to inject a
-DistributedSampler) goes through the same rules again.
+DistributedSampler) goes through the same rules again. ``__iter__`` finishes uint8 batches
+(``data/batches.py``) for loaders whose workers were told to send them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from types import ModuleType
 from typing import Any, ClassVar
@@ -27,7 +29,7 @@ class DataLoaderPatch(Patch):
         return f"DataLoader.__init__ lacks {', '.join(missing)}" if missing else None
 
     def _apply(self, module: ModuleType, options: Options) -> None:
-        from ..data import workers
+        from ..data import batches, workers
 
         signature = inspect.signature(module.DataLoader.__init__)
 
@@ -43,21 +45,43 @@ class DataLoaderPatch(Patch):
             if "num_workers" not in given and not iterable:
                 extra["num_workers"] = workers.auto_num_workers(dataset)
             num_workers = given.get("num_workers", extra.get("num_workers", 0))
+            spec = None
             if num_workers > 0:
                 user_init = given.get("worker_init_fn")
-                if not isinstance(user_init, workers.WorkerInit):
-                    extra["worker_init_fn"] = workers.WorkerInit(user_init)
+                if isinstance(user_init, workers.WorkerInit):  # Lightning re-creating a patched loader
+                    user_init = user_init.user_fn
+                spec = _uint8_spec(given, options)
+                extra["worker_init_fn"] = workers.WorkerInit(user_init, uint8=spec is not None)
                 if "persistent_workers" not in given:
                     extra["persistent_workers"] = True
             if "pin_memory" not in given:
                 import torch
 
                 extra["pin_memory"] = torch.cuda.is_available()
-            if not extra:
-                return wrapped(*args, **kwargs)
-            merged = dict(given)
-            merged.pop("self", None)
-            merged.update(extra)
-            return wrapped(**merged)
+            if extra:
+                merged = dict(given)
+                merged.pop("self", None)
+                merged.update(extra)
+                result = wrapped(**merged)
+            else:
+                result = wrapped(*args, **kwargs)
+            instance._nano_uint8 = spec
+            return result
+
+        def iter_(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            iterator = wrapped(*args, **kwargs)
+            spec = getattr(instance, "_nano_uint8", None)
+            return iterator if spec is None else batches.Uint8Batches(iterator, spec)
+
+        def _uint8_spec(given: dict[str, Any], opts: Options) -> batches.BatchSpec | None:
+            if not opts.uint8_batches or given.get("collate_fn") not in (None, module.default_collate):
+                return None
+            if given.get("batch_size", 1) is None and given.get("batch_sampler") is None:
+                return None  # no automatic batching: samples reach the loop one by one, as stock made them
+            found = batches.uint8_transform(given.get("dataset"))
+            if found is None:
+                return None
+            return dataclasses.replace(found[1], channels_last=opts.channels_last)
 
         self.record.wrap(module.DataLoader, "__init__", init)
+        self.record.wrap(module.DataLoader, "__iter__", iter_)

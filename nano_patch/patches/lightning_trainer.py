@@ -4,7 +4,8 @@
 ``num_processes``/``cpu_for_each_process`` -> the registered ``nano_ddp`` strategy on the CPU,
 ``precision="bf16"`` -> ``"bf16-mixed"``, ``channels_last``/``auto_lr`` -> callbacks. Each argument
 defaults to its ``NANO_PATCH_*`` environment variable (or ``patch_torch()`` option); an explicit
-argument wins. Stock arguments keep their stock meaning.
+argument wins. Stock arguments keep their stock meaning. ``Trainer.compile`` wraps a plain
+``nn.Module`` into a LightningModule.
 """
 
 from __future__ import annotations
@@ -13,12 +14,11 @@ import functools
 import importlib
 import inspect
 import logging
-import sys
 import warnings
 from types import ModuleType
 from typing import Any, ClassVar
 
-from ..config import ConfigError, Options, validate
+from ..config import ConfigError, Options
 from ..registry import NanoPatchWarning, Patch
 
 log = logging.getLogger("nano_patch")
@@ -49,6 +49,7 @@ class LightningTrainerPatch(Patch):
 
     def _apply(self, module: ModuleType, options: Options) -> None:
         from ..train import strategy as strategy_mod
+        from ..train.compile import compile_for
 
         pl = module
         Trainer = pl.Trainer
@@ -68,6 +69,7 @@ class LightningTrainerPatch(Patch):
 
         __init__.__signature__ = _signature(original)  # type: ignore[attr-defined]
         self.record.replace(Trainer, "__init__", __init__)
+        self.record.replace(Trainer, "compile", staticmethod(compile_for(pl)))
 
     def _revert(self) -> None:
         while self._registered:
@@ -90,50 +92,29 @@ def _signature(original: Any) -> inspect.Signature:
     return sig.replace(parameters=params + extra + tail)
 
 
-def _is_interactive() -> bool:
-    main = sys.modules.get("__main__")
-    return main is None or not hasattr(main, "__file__") or hasattr(sys, "ps1")
-
-
 def translate(pl: ModuleType, kwargs: dict[str, Any], nano: dict[str, Any]) -> dict[str, Any]:
     """Turn BigDL-Nano's arguments (and the environment defaults) into stock Trainer arguments."""
-    import nano_patch
-
-    from ..train import callbacks, topology
+    from ..train import callbacks
     from ..train import strategy as strategy_mod
+    from ..train.plan import resolve_plan
 
-    opts = nano_patch.options()
-    values = {k: validate(k, v, source=f"Trainer argument {k}") for k, v in nano.items()}
-    n = values.get("num_processes", opts.num_processes)
-    cores = values.get("cpu_for_each_process", opts.cpu_for_each_process)
-    channels_last = values.get("channels_last", opts.channels_last)
-    auto_lr = values.get("auto_lr", opts.auto_lr)
-
+    plan = resolve_plan(nano, what="Trainer argument")
     precision = kwargs.get("precision")
     if isinstance(precision, str) and precision.strip().lower() == "bf16":
         kwargs["precision"] = "bf16-mixed"
-    elif precision is None and opts.precision is not None:
-        kwargs["precision"] = "bf16-mixed" if opts.precision == "bf16" else "32-true"
+    elif precision is None and plan.precision is not None:
+        kwargs["precision"] = "bf16-mixed" if plan.precision == "bf16" else "32-true"
     if str(kwargs.get("precision", "")).startswith("bf16") and kwargs.get("accelerator", "cpu") == "cpu":
-        _warn_bf16_once()
+        warn_bf16_once()
 
-    if cores is not None:
-        if n not in (None, "auto") and n != len(cores):
-            raise ConfigError(
-                f"Trainer arguments num_processes={n} and cpu_for_each_process ({len(cores)} groups) disagree"
-            )
-        n = len(cores)
-    if n == "auto":
-        n = topology.auto_num_processes()
-    if n is not None and (n > 1 or cores is not None):
-        kwargs = _multi_instance(pl, kwargs, n, cores, strategy_mod)
+    if plan.multi_instance:
+        kwargs = _multi_instance(pl, kwargs, plan.num_processes, plan.cpu_for_each_process, strategy_mod)
 
     extra_callbacks = []
-    if channels_last:
+    if plan.channels_last:
         extra_callbacks.append(callbacks.channels_last_callback(pl)())
-    if auto_lr:
-        warmup = auto_lr.get("warmup_epochs") if isinstance(auto_lr, dict) else None
-        extra_callbacks.append(callbacks.auto_lr_callback(pl)(warmup))
+    if plan.auto_lr:
+        extra_callbacks.append(callbacks.auto_lr_callback(pl)(plan.warmup_epochs))
     if extra_callbacks:
         given = kwargs.get("callbacks")
         given = [] if given is None else [given] if not isinstance(given, list) else list(given)
@@ -142,6 +123,8 @@ def translate(pl: ModuleType, kwargs: dict[str, Any], nano: dict[str, Any]) -> d
 
 
 def _multi_instance(pl: ModuleType, kwargs: dict[str, Any], n: int, cores: Any, strategy_mod: ModuleType) -> dict:
+    from ..train.plan import default_start_method
+
     cls = strategy_mod.strategy_class(pl)
     devices = kwargs.get("devices", "auto")
     if devices not in ("auto", n, str(n)) and devices != [n]:
@@ -154,7 +137,7 @@ def _multi_instance(pl: ModuleType, kwargs: dict[str, Any], n: int, cores: Any, 
             "num_processes runs on the CPU"
         )
     strategy = kwargs.get("strategy", "auto")
-    start_method = "fork" if _is_interactive() else "popen"
+    start_method = default_start_method()
     if isinstance(strategy, str) and strategy in strategy_mod.STRATEGY_NAMES:
         start_method = strategy_mod.STRATEGY_NAMES[strategy]
     elif isinstance(strategy, cls):
@@ -176,12 +159,12 @@ def _multi_instance(pl: ModuleType, kwargs: dict[str, Any], n: int, cores: Any, 
 
 
 @functools.lru_cache(maxsize=1)
-def _warn_bf16_once() -> None:
+def warn_bf16_once() -> None:
     from .. import sysinfo
 
     if not sysinfo.has_native_bf16():
         warnings.warn(
             "nano-patch: precision='bf16' on a CPU without avx512_bf16 or AMX is usually slower than fp32",
             NanoPatchWarning,
-            stacklevel=4,
+            stacklevel=5,
         )

@@ -187,6 +187,7 @@ class VisionTransformsPatch(Patch):
             [getattr(module, n) for n in _CONTAINERS],
             module.ToTensor,
             module.Normalize,
+            module.Compose,
         )
         for name, pil_too in _PIL_BACKEND.items():
             func = getattr(F_pil, name)
@@ -199,12 +200,14 @@ class VisionTransformsPatch(Patch):
             if len(args) == 1 and not kwargs:
                 img = args[0]
                 if K.is_image_array(img) or (isinstance(img, Image.Image) and img.mode in ("RGB", "L")):
-                    return pipeline.run(instance.transforms, img)
+                    return pipeline.run_compose(instance, img)
             return wrapped(*args, **kwargs)
 
         self.record.wrap(module.Compose, "__call__", compose_call)
 
     def _revert(self) -> None:
         from ..vision import functional as K
+        from ..vision import pipeline
 
+        pipeline.deactivate()
         K.release_cv2()

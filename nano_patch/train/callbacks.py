@@ -6,8 +6,11 @@ Built per Lightning namespace, since each has its own ``Callback`` base class.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
+
+from . import LIGHTNING, find_class, name_class
 
 _classes: dict[tuple[str, str], type] = {}
 
@@ -55,8 +58,7 @@ def channels_last_callback(pl: ModuleType) -> type:
                                        dataloader_idx: int = 0) -> None:
                 to_channels_last(batch)
 
-        ChannelsLast.__module__ = __name__
-        _classes[key] = ChannelsLast
+        _classes[key] = name_class(ChannelsLast, __name__, "ChannelsLast", pl.__name__)
     return _classes[key]
 
 
@@ -66,6 +68,53 @@ def warmup_factor(step: int, warmup_steps: int, world_size: int) -> float:
         return 1.0
     start = 1.0 / world_size
     return start + (1.0 - start) * step / warmup_steps
+
+
+def scale_lrs(optimizers: Any, schedulers: Any, world_size: int) -> None:
+    """Multiply every param group's lr, and every scheduler's base lrs, by ``world_size``."""
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group["lr"] *= world_size
+            if "initial_lr" in group:
+                group["initial_lr"] *= world_size
+    for sched in schedulers:
+        if hasattr(sched, "base_lrs"):
+            sched.base_lrs = [lr * world_size for lr in sched.base_lrs]
+
+
+def wrap_step(opt: Any, factor: Callable[[], float]) -> Callable[[], None]:
+    """Scale the lrs by ``factor()`` around each ``opt.step`` only; return a function that undoes the wrap.
+
+    A scheduler stepping after the optimizer never sees the factor, so a user's scheduler composes
+    with the warmup instead of being overwritten by it.
+    """
+    inner = opt.step
+
+    def step(*args: Any, **kwargs: Any) -> Any:
+        f = factor()
+        if f == 1.0:
+            return inner(*args, **kwargs)
+        saved = [g["lr"] for g in opt.param_groups]
+        for g in opt.param_groups:
+            g["lr"] = g["lr"] * f
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            for g, lr in zip(opt.param_groups, saved):
+                g["lr"] = lr
+
+    if hasattr(inner, "_wrapped_by_lr_sched"):
+        step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]  # torch's order check
+    had, old = "step" in vars(opt), vars(opt).get("step")
+    opt.step = step
+
+    def undo() -> None:
+        if had:
+            opt.step = old
+        else:
+            del opt.step
+
+    return undo
 
 
 def auto_lr_callback(pl: ModuleType) -> type:
@@ -84,21 +133,13 @@ def auto_lr_callback(pl: ModuleType) -> type:
                 self.warmup_epochs = warmup_epochs
                 self.world_size = 1
                 self.warmup_steps = 0
-                self._wrapped: list[tuple[Any, bool, Any]] = []
+                self._wrapped: list[Callable[[], None]] = []
 
             def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
                 self.world_size = max(1, trainer.world_size)
                 if self.world_size == 1:
                     return
-                for opt in trainer.optimizers:
-                    for group in opt.param_groups:
-                        group["lr"] *= self.world_size
-                        if "initial_lr" in group:
-                            group["initial_lr"] *= self.world_size
-                for config in trainer.lr_scheduler_configs:
-                    sched = config.scheduler
-                    if hasattr(sched, "base_lrs"):
-                        sched.base_lrs = [lr * self.world_size for lr in sched.base_lrs]
+                scale_lrs(trainer.optimizers, [c.scheduler for c in trainer.lr_scheduler_configs], self.world_size)
                 steps_per_epoch = max(1, int(trainer.num_training_batches)) if math.isfinite(
                     trainer.num_training_batches) else 1
                 if self.warmup_epochs is not None:
@@ -111,36 +152,17 @@ def auto_lr_callback(pl: ModuleType) -> type:
                     self._wrap_step(trainer, opt)
 
             def _wrap_step(self, trainer: Any, opt: Any) -> None:
-                # Around the step only: a scheduler stepping after it never sees the warmup factor.
-                inner = opt.step
-                callback = self
-
-                def step(*args: Any, **kwargs: Any) -> Any:
-                    factor = warmup_factor(trainer.global_step, callback.warmup_steps, callback.world_size)
-                    if factor == 1.0:
-                        return inner(*args, **kwargs)
-                    saved = [g["lr"] for g in opt.param_groups]
-                    for g in opt.param_groups:
-                        g["lr"] = g["lr"] * factor
-                    try:
-                        return inner(*args, **kwargs)
-                    finally:
-                        for g, lr in zip(opt.param_groups, saved):
-                            g["lr"] = lr
-
-                if hasattr(inner, "_wrapped_by_lr_sched"):
-                    step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]  # torch's order check
-                self._wrapped.append((opt, "step" in vars(opt), vars(opt).get("step")))
-                opt.step = step
+                self._wrapped.append(wrap_step(
+                    opt, lambda: warmup_factor(trainer.global_step, self.warmup_steps, self.world_size)))
 
             def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
                 while self._wrapped:
-                    opt, had, old = self._wrapped.pop()
-                    if had:
-                        opt.step = old
-                    else:
-                        del opt.step
+                    self._wrapped.pop()()
 
-        AutoLR.__module__ = __name__
-        _classes[key] = AutoLR
+        _classes[key] = name_class(AutoLR, __name__, "AutoLR", pl.__name__)
     return _classes[key]
+
+
+def __getattr__(name: str) -> type:
+    return find_class(name, {"ChannelsLast": (channels_last_callback, LIGHTNING),
+                             "AutoLR": (auto_lr_callback, LIGHTNING)})

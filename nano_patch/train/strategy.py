@@ -11,13 +11,32 @@ import os
 from types import ModuleType
 from typing import Any
 
-from . import topology
+from . import FABRIC, LIGHTNING, find_class, name_class, topology
 
 log = logging.getLogger("nano_patch")
 
 STRATEGY_NAMES = {"nano_ddp": "popen", "nano_ddp_spawn": "spawn", "nano_ddp_fork": "fork"}
 
 _classes: dict[str, type] = {}
+
+
+def pin_rank(local_rank: int, num_processes: int, cpu_for_each_process: list[list[int]] | None,
+             global_rank: int) -> list[int]:
+    """Pin this rank's threads to its cores and size torch's and OpenMP's thread pools to match."""
+    import torch
+
+    groups = cpu_for_each_process or topology.split_cores(num_processes)
+    if len(groups) != num_processes:
+        raise ValueError(
+            f"cpu_for_each_process has {len(groups)} core groups but there are {num_processes} processes per node"
+        )
+    cores = list(groups[local_rank])
+    topology.pin_process(cores)
+    # Lightning's launcher divided the cores by the process count; set what this rank really has.
+    os.environ["OMP_NUM_THREADS"] = str(len(cores))
+    torch.set_num_threads(len(cores))
+    log.info("nano-patch: rank %d pinned to cores %s", global_rank, cores)
+    return cores
 
 
 def strategy_class(pl: ModuleType) -> type:
@@ -29,7 +48,6 @@ def strategy_class(pl: ModuleType) -> type:
 
 
 def _build(pl: ModuleType) -> type:
-    import torch
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     DDPStrategy = pl.strategies.DDPStrategy
@@ -58,23 +76,9 @@ def _build(pl: ModuleType) -> type:
             self.pinned_cores: list[int] | None = None
 
         def setup_environment(self) -> None:
-            self._pin()
+            self.pinned_cores = pin_rank(self.local_rank, self.num_processes, self.cpu_for_each_process,
+                                         self.global_rank)
             super().setup_environment()
-
-        def _pin(self) -> None:
-            n = self.num_processes
-            groups = self.cpu_for_each_process or topology.split_cores(n)
-            if len(groups) != n:
-                raise ValueError(
-                    f"cpu_for_each_process has {len(groups)} core groups but there are {n} processes per node"
-                )
-            cores = groups[self.local_rank]
-            topology.pin_process(cores)
-            # Lightning's launcher divided the cores by the process count; set what this rank really has.
-            os.environ["OMP_NUM_THREADS"] = str(len(cores))
-            torch.set_num_threads(len(cores))
-            self.pinned_cores = list(cores)
-            log.info("nano-patch: rank %d pinned to cores %s", self.global_rank, cores)
 
         def _register_ddp_hooks(self) -> None:
             super()._register_ddp_hooks()
@@ -86,6 +90,51 @@ def _build(pl: ModuleType) -> type:
                 # Halve gradient traffic: gradients travel as bf16 under bf16 autocast.
                 self.model.register_comm_hook(None, default_hooks.bf16_compress_hook)
 
-    NanoDDPStrategy.__module__ = __name__
-    NanoDDPStrategy.__qualname__ = "NanoDDPStrategy"
-    return NanoDDPStrategy
+    return name_class(NanoDDPStrategy, __name__, "NanoDDPStrategy", pl.__name__)
+
+
+def fabric_strategy_class(fabric: ModuleType) -> type:
+    """The same strategy for Lightning Fabric (``lightning_fabric`` or ``lightning.fabric``)."""
+    key = fabric.__name__
+    if key not in _classes:
+        _classes[key] = _build_fabric(fabric)
+    return _classes[key]
+
+
+def _build_fabric(fabric: ModuleType) -> type:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    DDPStrategy = fabric.strategies.DDPStrategy
+
+    class NanoFabricDDPStrategy(DDPStrategy):
+        """Fabric's ``DDPStrategy`` on CPU processes pinned to their own physical cores, with gloo."""
+
+        def __init__(
+            self,
+            cpu_for_each_process: list[list[int]] | None = None,
+            start_method: str = "popen",
+            **kwargs: Any,
+        ) -> None:
+            kwargs.setdefault("process_group_backend", "gloo")
+            kwargs.setdefault("gradient_as_bucket_view", True)
+            super().__init__(start_method=start_method, **kwargs)
+            self.cpu_for_each_process = [list(c) for c in cpu_for_each_process] if cpu_for_each_process else None
+            self.pinned_cores: list[int] | None = None
+
+        def setup_environment(self) -> None:
+            self.pinned_cores = pin_rank(self.local_rank, self.num_processes, self.cpu_for_each_process,
+                                         self.global_rank)
+            super().setup_environment()
+
+        def setup_module(self, module: Any) -> Any:
+            ddp = super().setup_module(module)
+            if self.root_device.type == "cpu" and getattr(self.precision, "precision", None) == "bf16-mixed":
+                ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+            return ddp
+
+    return name_class(NanoFabricDDPStrategy, __name__, "NanoFabricDDPStrategy", fabric.__name__)
+
+
+def __getattr__(name: str) -> type:
+    return find_class(name, {"NanoDDPStrategy": (strategy_class, LIGHTNING),
+                             "NanoFabricDDPStrategy": (fabric_strategy_class, FABRIC)})

@@ -45,9 +45,8 @@ def load_transformed(path: str | os.PathLike[str], transform: Any) -> Any:
     if transform is None:
         return load_pil(path)
     if pipeline.behaves_as(transform, Compose):
-        transforms = list(transform.transforms)
-        arr = _decode_with_first_resize(path, transforms)
-        return pipeline.run(transforms, arr, stands_for_pil=True)
+        arr = _decode_with_first_resize(path, list(transform.transforms))
+        return pipeline.run_compose(transform, arr, stands_for_pil=True)
     return transform(load_pil(path))
 
 

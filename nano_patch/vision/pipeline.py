@@ -9,6 +9,7 @@ front of any callable that is not known to accept arrays (a user's function, a `
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,11 +24,49 @@ _to_tensor_cls: type | None = None
 _normalize_cls: type | None = None
 
 
-def configure(capable: Sequence[type], containers: Sequence[type], to_tensor: type, normalize: type) -> None:
+_compose_cls: type | None = None
+#: Compose objects (a DataLoader worker's own copies) that end in a uint8 tensor instead of ToTensor.
+_uint8_out: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def configure(capable: Sequence[type], containers: Sequence[type], to_tensor: type, normalize: type,
+              compose: type) -> None:
     """Name the stock transform classes whose ``forward`` works on arrays (set by the patch)."""
-    global _capable, _containers, _to_tensor_cls, _normalize_cls
+    global _capable, _containers, _to_tensor_cls, _normalize_cls, _compose_cls
     _capable, _containers = tuple(capable), tuple(containers)
-    _to_tensor_cls, _normalize_cls = to_tensor, normalize
+    _to_tensor_cls, _normalize_cls, _compose_cls = to_tensor, normalize, compose
+
+
+def deactivate() -> None:
+    """The transforms patch was reverted: nothing routes through :func:`run` any more."""
+    global _compose_cls
+    _compose_cls = None
+    _uint8_out.clear()
+
+
+def active() -> bool:
+    return _compose_cls is not None
+
+
+def tensor_tail(compose: Any) -> list[Any] | None:
+    """``[ToTensor]`` or ``[ToTensor, Normalize]`` if a stock ``Compose`` ends so, else None."""
+    if _compose_cls is None or not behaves_as(compose, _compose_cls):
+        return None
+    items = list(compose.transforms)
+    if len(items) >= 2 and type(items[-2]) is _to_tensor_cls and type(items[-1]) is _normalize_cls:
+        return items[-2:]
+    if items and type(items[-1]) is _to_tensor_cls:
+        return items[-1:]
+    return None
+
+
+def emit_uint8(compose: Any) -> None:
+    """Make ``compose`` stop before its ToTensor tail and return uint8 C x H x W tensors."""
+    _uint8_out.add(compose)
+
+
+def wants_uint8(compose: Any) -> bool:
+    return compose in _uint8_out
 
 
 def behaves_as(t: Any, base: type) -> bool:
@@ -60,11 +99,14 @@ def _materialise(x: Any) -> Any:
     return x
 
 
-def run(transforms: Sequence[Callable[..., Any]], img: Any, *, stands_for_pil: bool = False) -> Any:
+def run(transforms: Sequence[Callable[..., Any]], img: Any, *, stands_for_pil: bool = False,
+        uint8_tail: Sequence[Callable[..., Any]] = ()) -> Any:
     """Apply ``transforms`` in order, as ``Compose.__call__`` does, keeping images as arrays where possible.
 
     ``stands_for_pil``: ``img`` is an array standing in for the PIL image stock code would have had
     (a dataset's decoded file), so an image result goes back out as PIL.
+    ``uint8_tail``: the ToTensor (+ Normalize) steps cut off the end of ``transforms``; a uint8 image
+    comes out as a uint8 C x H x W tensor instead, and anything else goes through them as stock.
     """
     from torchvision.transforms import functional as F
 
@@ -72,6 +114,11 @@ def run(transforms: Sequence[Callable[..., Any]], img: Any, *, stands_for_pil: b
     array_out = K.is_image_array(img) and not stands_for_pil
     x = img
     items = list(transforms)
+    if uint8_tail:
+        x = run(items, img)
+        if K.is_image_array(x) or _is_pil_rgb_or_l(x):
+            return _uint8_chw(x)
+        return run(uint8_tail, x)
     i = 0
     while i < len(items):
         t = items[i]
@@ -98,3 +145,23 @@ def run(transforms: Sequence[Callable[..., Any]], img: Any, *, stands_for_pil: b
     if array_out and _is_pil_rgb_or_l(x):
         return np.asarray(x)
     return x
+
+
+def _uint8_chw(x: Any) -> Any:
+    import torch
+
+    arr = np.asarray(x)
+    if not arr.flags.writeable:
+        arr = arr.copy()
+    t = torch.from_numpy(arr)
+    return t.unsqueeze(0) if t.dim() == 2 else t.permute(2, 0, 1)
+
+
+def run_compose(compose: Any, img: Any, *, stands_for_pil: bool = False) -> Any:
+    """:func:`run` for a whole ``Compose``, honouring :func:`emit_uint8`."""
+    items = list(compose.transforms)
+    if _uint8_out and compose in _uint8_out:
+        tail = tensor_tail(compose)
+        if tail:
+            return run(items[: -len(tail)], img, stands_for_pil=stands_for_pil, uint8_tail=tail)
+    return run(items, img, stands_for_pil=stands_for_pil)

@@ -1,0 +1,69 @@
+"""BigDL-Nano's training knobs, resolved once for the Trainer, ``@nano`` and ``TorchNano`` alike.
+
+An explicit argument wins over the ``patch_torch()`` option, which wins over ``NANO_PATCH_*``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import ConfigError, validate
+
+NANO_ARGS = ("num_processes", "cpu_for_each_process", "precision", "channels_last", "auto_lr")
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    """What to run: processes per node and their cores, precision, channels-last and lr scaling."""
+
+    num_processes: int | None
+    cpu_for_each_process: list[list[int]] | None
+    precision: str | None  # "32", "bf16", or None for the framework's default
+    channels_last: bool
+    auto_lr: bool | dict[str, Any]
+
+    @property
+    def multi_instance(self) -> bool:
+        return self.num_processes is not None and (self.num_processes > 1 or self.cpu_for_each_process is not None)
+
+    @property
+    def warmup_epochs(self) -> int | None:
+        return self.auto_lr.get("warmup_epochs") if isinstance(self.auto_lr, dict) else None
+
+
+def resolve_plan(given: Mapping[str, Any], what: str = "argument") -> TrainingPlan:
+    """Validate the nano arguments in ``given`` (a subset of :data:`NANO_ARGS`) over the defaults in force."""
+    import nano_patch
+
+    from . import topology
+
+    opts = nano_patch.options()
+    values = {k: validate(k, v, source=f"{what} {k}") for k, v in given.items() if v is not None}
+    n = values.get("num_processes", opts.num_processes)
+    cores = values.get("cpu_for_each_process", opts.cpu_for_each_process)
+    if cores is not None:
+        if n not in (None, "auto") and n != len(cores):
+            raise ConfigError(
+                f"{what}s num_processes={n} and cpu_for_each_process ({len(cores)} core groups) disagree; "
+                "give one, or make them match"
+            )
+        n = len(cores)
+    if n == "auto":
+        n = topology.auto_num_processes()
+    return TrainingPlan(
+        num_processes=n,
+        cpu_for_each_process=[list(c) for c in cores] if cores is not None else None,
+        precision=values.get("precision", opts.precision),
+        channels_last=values.get("channels_last", opts.channels_last),
+        auto_lr=values.get("auto_lr", opts.auto_lr),
+    )
+
+
+def default_start_method() -> str:
+    """``"fork"`` in notebooks and interactive sessions, where the script cannot be re-run; else ``"popen"``."""
+    main = sys.modules.get("__main__")
+    interactive = main is None or not hasattr(main, "__file__") or hasattr(sys, "ps1")
+    return "fork" if interactive else "popen"
