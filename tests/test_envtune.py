@@ -22,16 +22,19 @@ def _env_dump(path: Path) -> dict[str, str]:
 
 def test_eval_init_sets_exactly_the_printed_variables_and_unset_restores(tmp_path):
     nano = shlex.quote(str(NANO))
+    # The shell's own exported variables, read with builtins: an external `env` would run under the
+    # LD_PRELOAD just set, and tcmalloc adds variables to the environment of every process it loads into.
+    dump = """for v in $(compgen -e); do printf '%s=%s\\0' "$v" "${!v}"; done"""
     script = f"""
 set -e
 export OMP_NUM_THREADS=7
 unset LD_PRELOAD MALLOC_CONF KMP_BLOCKTIME KMP_AFFINITY _NANO_PATCH_INIT_SAVED
-env -0 > before
+{dump} > before
 {nano} init > printed
 eval "$({nano} init)"
-env -0 > after
+{dump} > after
 eval "$({nano} init --unset)"
-env -0 > restored
+{dump} > restored
 """
     proc = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
