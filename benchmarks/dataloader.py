@@ -97,6 +97,7 @@ def main() -> None:
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT / "examples"))
     from make_photo_folder import build
+    from train import _cpu_name  # benchmarks/train.py, beside this script
 
     workers = [0, 1, 2]
     result = {"machine": f"{_cpu_name()}, {os.cpu_count()} CPUs", "python": platform.python_version(),
@@ -122,13 +123,6 @@ def main() -> None:
         print(f"| {w} | {s['images_per_s']:.0f} | {f['images_per_s']:.0f} | {u['images_per_s']:.0f} | "
               f"{u['images_per_s'] / s['images_per_s']:.2f}x | {s['bytes_per_batch']:.0f} | "
               f"{u['bytes_per_batch']:.0f} |")
-
-
-def _cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.machine()
 
 
 if __name__ == "__main__":

@@ -39,6 +39,29 @@ def pin_rank(local_rank: int, num_processes: int, cpu_for_each_process: list[lis
     return cores
 
 
+class PinnedCores:
+    """Mixin for Lightning's and Fabric's ``DDPStrategy``: gloo, bucket views, each rank pinned to its cores.
+
+    Args:
+        cpu_for_each_process: an explicit core list per local rank; default: split evenly.
+        start_method: "popen" (Lightning re-runs the script), "spawn" or "fork".
+        **kwargs: passed to the ``DDPStrategy``; ``gradient_as_bucket_view`` defaults on.
+    """
+
+    def __init__(self, cpu_for_each_process: list[list[int]] | None = None, start_method: str = "popen",
+                 **kwargs: Any) -> None:
+        kwargs.setdefault("process_group_backend", "gloo")
+        kwargs.setdefault("gradient_as_bucket_view", True)
+        super().__init__(start_method=start_method, **kwargs)  # type: ignore[call-arg]
+        self.cpu_for_each_process = [list(c) for c in cpu_for_each_process] if cpu_for_each_process else None
+        self.pinned_cores: list[int] | None = None
+
+    def setup_environment(self) -> None:
+        self.pinned_cores = pin_rank(self.local_rank, self.num_processes,  # type: ignore[attr-defined]
+                                     self.cpu_for_each_process, self.global_rank)  # type: ignore[attr-defined]
+        super().setup_environment()  # type: ignore[misc]
+
+
 def strategy_class(pl: ModuleType) -> type:
     """``NanoDDPStrategy`` for the Lightning namespace ``pl`` (``pytorch_lightning`` or ``lightning.pytorch``)."""
     key = pl.__name__
@@ -52,7 +75,7 @@ def _build(pl: ModuleType) -> type:
 
     DDPStrategy = pl.strategies.DDPStrategy
 
-    class NanoDDPStrategy(DDPStrategy):
+    class NanoDDPStrategy(PinnedCores, DDPStrategy):
         """DDP on CPU processes, each pinned to its own physical cores, with gloo.
 
         Args:
@@ -62,23 +85,6 @@ def _build(pl: ModuleType) -> type:
         """
 
         strategy_name = "nano_ddp"
-
-        def __init__(
-            self,
-            cpu_for_each_process: list[list[int]] | None = None,
-            start_method: str = "popen",
-            **kwargs: Any,
-        ) -> None:
-            kwargs.setdefault("process_group_backend", "gloo")
-            kwargs.setdefault("gradient_as_bucket_view", True)
-            super().__init__(start_method=start_method, **kwargs)
-            self.cpu_for_each_process = [list(c) for c in cpu_for_each_process] if cpu_for_each_process else None
-            self.pinned_cores: list[int] | None = None
-
-        def setup_environment(self) -> None:
-            self.pinned_cores = pin_rank(self.local_rank, self.num_processes, self.cpu_for_each_process,
-                                         self.global_rank)
-            super().setup_environment()
 
         def _register_ddp_hooks(self) -> None:
             super()._register_ddp_hooks()
@@ -106,25 +112,8 @@ def _build_fabric(fabric: ModuleType) -> type:
 
     DDPStrategy = fabric.strategies.DDPStrategy
 
-    class NanoFabricDDPStrategy(DDPStrategy):
+    class NanoFabricDDPStrategy(PinnedCores, DDPStrategy):
         """Fabric's ``DDPStrategy`` on CPU processes pinned to their own physical cores, with gloo."""
-
-        def __init__(
-            self,
-            cpu_for_each_process: list[list[int]] | None = None,
-            start_method: str = "popen",
-            **kwargs: Any,
-        ) -> None:
-            kwargs.setdefault("process_group_backend", "gloo")
-            kwargs.setdefault("gradient_as_bucket_view", True)
-            super().__init__(start_method=start_method, **kwargs)
-            self.cpu_for_each_process = [list(c) for c in cpu_for_each_process] if cpu_for_each_process else None
-            self.pinned_cores: list[int] | None = None
-
-        def setup_environment(self) -> None:
-            self.pinned_cores = pin_rank(self.local_rank, self.num_processes, self.cpu_for_each_process,
-                                         self.global_rank)
-            super().setup_environment()
 
         def setup_module(self, module: Any) -> Any:
             ddp = super().setup_module(module)
