@@ -31,6 +31,8 @@ RESULTS = Path(__file__).parent / "results"
 CONFIGS = {
     "stock": ([], {}),
     "vision+dataloader patch": (["-m", "nano_patch", "run"], {"NANO_PATCH_TRAINER": "0"}),
+    "dataloader patch alone": (["-m", "nano_patch", "run"], {"NANO_PATCH_TRAINER": "0", "NANO_PATCH_VISION": "0"}),
+    "stock Lightning bf16-mixed (PL_TRAINER_PRECISION)": ([], {"PL_TRAINER_PRECISION": "bf16-mixed"}),
     "bf16": (["-m", "nano_patch", "run"], {"NANO_PATCH_PRECISION": "bf16", "NANO_PATCH_VISION": "0",
                                           "NANO_PATCH_DATALOADER": "0"}),
     "channels_last": (["-m", "nano_patch", "run"], {"NANO_PATCH_CHANNELS_LAST": "1", "NANO_PATCH_VISION": "0",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import time
@@ -90,6 +91,68 @@ def test_fork_start_method_with_explicit_cores(tmp_path):
 
 
 @pytest.mark.skipif(not TWO_CORES, reason="needs 2 usable cores")
+def test_spawn_start_method_pins_and_averages(tmp_path):
+    """`strategy="nano_ddp_spawn"`: Lightning's spawn launcher; the ranks re-import the script, pinned."""
+    proc, _ = _run(tmp_path, "max_steps=3", "strategy=nano_ddp_spawn", NANO_PATCH_NUM_PROCESSES="2")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r0, r1 = _ranks(tmp_path, 2)
+    assert r0["strategy"] == r1["strategy"] == "NanoDDPStrategy"
+    assert r0["ppid"] == r1["ppid"] != r0["pid"], "both ranks are children of the launching process"
+    assert r0["affinity"] and r1["affinity"] and not set(r0["affinity"]) & set(r1["affinity"])
+    assert r0["threads"] == len(r0["affinity"]) and r1["threads"] == len(r1["affinity"])
+    w0, w1 = _weights(r0["weights"]), _weights(r1["weights"])
+    assert all(torch.equal(w0[k], w1[k]) for k in w0)
+
+
+@pytest.mark.skipif(not TWO_CORES, reason="needs 2 usable cores")
+def test_torchrun_launches_and_each_local_rank_is_pinned(tmp_path):
+    """torchrun starts the ranks (nothing re-launched): `num_processes="auto"` follows LOCAL_WORLD_SIZE,
+    each rank pins by its LOCAL_RANK, gradients are averaged."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "nano_patch", "run", str(SCRIPT), str(tmp_path), "max_steps=3"]
+    proc = subprocess.run(cmd, env=_env(NANO_PATCH_NUM_PROCESSES="auto"), capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r0, r1 = _ranks(tmp_path, 2)
+    assert (r0["local_rank"], r1["local_rank"], r0["world"]) == (0, 1, 2)
+    assert r0["strategy"] == "NanoDDPStrategy"
+    assert r0["ppid"] == r1["ppid"], "torchrun's agent is the parent of both: Lightning launched nothing"
+    assert not list(tmp_path.glob("rank2.json")), "extra ranks were launched"
+    assert r0["affinity"] and r1["affinity"] and not set(r0["affinity"]) & set(r1["affinity"])
+    for r in (r0, r1):
+        assert r["threads"] == len(r["affinity"]) == int(r["omp"])
+    w0, w1 = _weights(r0["weights"]), _weights(r1["weights"])
+    assert all(torch.equal(w0[k], w1[k]) for k in w0)
+
+
+@pytest.mark.skipif(not TWO_CORES, reason="needs 2 usable cores")
+def test_slurm_bound_tasks_keep_their_own_cores(tmp_path):
+    """Two tasks started as srun would (SLURM_* set, each already bound to one CPU with --cpu-bind):
+    Lightning's SLURM environment takes the ranks from SLURM, and each rank keeps the CPU SLURM gave it."""
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    procs = []
+    for rank in (0, 1):
+        env = _env(SLURM_NTASKS="2", SLURM_NTASKS_PER_NODE="2", SLURM_JOB_NAME="digits", SLURM_JOB_ID="4242",
+                   SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank), SLURM_NODEID="0", SLURM_NODELIST="127.0.0.1",
+                   SLURM_CPU_BIND_TYPE="mask_cpu:", MASTER_PORT=str(29500 + os.getpid() % 1000),
+                   NANO_PATCH_NUM_PROCESSES="auto")
+        bound = {cpus[1 - rank]}  # the reverse of what an even split would give
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "nano_patch", "run", str(SCRIPT), str(tmp_path), "max_steps=3"], env=env,
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            preexec_fn=lambda b=bound: os.sched_setaffinity(0, b),
+        ))
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-4000:]
+    r0, r1 = _ranks(tmp_path, 2)
+    assert (r0["world"], r0["strategy"]) == (2, "NanoDDPStrategy")
+    assert (r0["affinity"], r1["affinity"]) == ([cpus[1]], [cpus[0]])
+    w0, w1 = _weights(r0["weights"]), _weights(r1["weights"])
+    assert all(torch.equal(w0[k], w1[k]) for k in w0)
+
+
+@pytest.mark.skipif(not TWO_CORES, reason="needs 2 usable cores")
 def test_a_crashing_rank_ends_every_rank_quickly(tmp_path):
     proc, seconds = _run(tmp_path, "max_steps=20", "crash_rank=1", NANO_PATCH_NUM_PROCESSES="2", timeout=240)
     assert proc.returncode != 0
@@ -108,10 +171,9 @@ def test_bf16_and_channels_last_reach_fp32_accuracy(tmp_path):
         assert proc.returncode == 0, proc.stderr[-4000:]
         acc[name] = json.loads((out / "metrics.json").read_text())["val_acc"]
         rank = _ranks(out, 1)[0]
-        if name == "bf16":
-            assert rank["precision"] == "bf16-mixed"
-        if name == "channels_last":
-            assert rank["channels_last_weight"] and rank["channels_last_batch"]
+        assert rank["precision"] == ("bf16-mixed" if name == "bf16" else "32-true")
+        wanted = name == "channels_last"
+        assert rank["channels_last_weight"] is wanted and rank["conv_input_channels_last"] is wanted
     assert acc["fp32"] > 0.75, acc
     assert abs(acc["bf16"] - acc["fp32"]) <= 0.03, acc
     assert abs(acc["channels_last"] - acc["fp32"]) <= 0.03, acc
@@ -244,3 +306,49 @@ def test_checkpoints_load_both_ways(tmp_path):
     t = pl.Trainer(max_steps=5, default_root_dir=tmp_path, **common)
     t.fit(dl.DigitsCNN(), loader, ckpt_path=stock_ckpt)
     assert t.global_step == 5
+
+
+CLI_SCRIPT = Path(__file__).parent / "scripts" / "digits_cli.py"
+
+
+def test_lightning_cli_shows_and_passes_the_nano_arguments(tmp_path):
+    """An unchanged LightningCLI script under `nano-patch run`: --help documents the four arguments with
+    their types, and given on the command line they reach the Trainer."""
+    cmd = [sys.executable, "-m", "nano_patch", "run", str(CLI_SCRIPT)]
+    help_ = subprocess.run([*cmd, "--help"], env=_env(), capture_output=True, text=True, timeout=120,
+                           cwd=tmp_path)
+    assert help_.returncode == 0, help_.stderr[-4000:]
+    for arg, parts in (("num_processes", ("int", "str")), ("cpu_for_each_process", ("list[list[int]]",)),
+                       ("channels_last", ("bool",)), ("auto_lr", ("bool", "dict[str, int]"))):
+        # The option's own block of the help: its line and the indented lines under it.
+        block = re.search(rf"^  --trainer\.{arg} .*?(?=^  --|\Z)", help_.stdout, re.M | re.S)
+        text = " ".join(block.group().split()) if block else ""
+        typ = text.rpartition("(type: ")[2]
+        assert "nano-patch:" in text and all(p in typ for p in parts), (arg, text)
+    proc = subprocess.run([*cmd, "--trainer.num_processes=2", "--trainer.channels_last=true",
+                           '--trainer.auto_lr={"warmup_epochs": 2}', "--trainer.logger=false"],
+                          env=_env(), capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    made = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert made["strategy"] == "NanoDDPStrategy" and made["num_processes"] == 2
+    assert any(c.startswith("ChannelsLast") for c in made["callbacks"]) and made["warmup_epochs"] == [2]
+    bad = subprocess.run([*cmd, "--trainer.num_processes=2", "--trainer.devices=3"], env=_env(),
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert bad.returncode != 0 and "num_processes=2" in bad.stderr and re.search(r"devices='?3'? conflict", bad.stderr)
+
+
+
+def test_channels_last_reaches_every_image_in_a_batch_and_leaves_the_rest():
+    from collections import namedtuple
+
+    from nano_patch.train.callbacks import to_channels_last
+
+    Pair = namedtuple("Pair", "image mask")
+    images = [torch.randn(2, 3, 8, 8) for _ in range(4)]
+    tokens, vector = torch.randn(2, 5, 16), torch.randn(2, 3)
+    batch = {"a": images[0], "nested": [images[1], (Pair(images[2], images[3]), tokens)], "v": vector}
+    before = [im.clone() for im in images]
+    assert to_channels_last(batch) is batch
+    for im, ref in zip(images, before):
+        assert im.is_contiguous(memory_format=torch.channels_last) and torch.equal(im, ref)
+    assert tokens.is_contiguous() and vector.is_contiguous()  # 3-D and 2-D tensors stay as they were

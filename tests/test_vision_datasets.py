@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torchvision.transforms as T
-from PIL import Image
+from PIL import Image, features
 
 import nano_patch
 from nano_patch.vision import decode
@@ -43,7 +43,8 @@ def files(tmp_path_factory, photos):
     save("rgba.png", im.convert("RGBA"), format="PNG")
     save("palette.gif", im.convert("P"), format="GIF")
     save("image.bmp", im, format="BMP")
-    save("image.webp", im, format="WEBP", quality=80)
+    if features.check("webp"):  # a pillow-simd built without libwebp can neither write nor read it
+        save("image.webp", im, format="WEBP", quality=80)
     save("png_named.jpg", im, format="PNG")  # OxfordIIITPet ships files like this
     save("gif_named.jpg", im.convert("P"), format="GIF")
     return out
@@ -177,3 +178,45 @@ def test_oxford_pet_with_lying_extensions(tmp_path, photos):
         img, target = ds[i]
         assert target == stock[i][1]
         assert (img.int() - stock[i][0].int()).abs().max() <= 1
+
+
+def test_caltech101_keeps_grayscale_and_equals_stock(tmp_path, photos, monkeypatch):
+    """Caltech101 opens with a bare Image.open: grayscale photos stay "L"; CMYK and PNG-in-.jpg stay stock."""
+    from torchvision.datasets import Caltech101
+
+    decoded = []
+    native = decode.decode_jpeg_native
+    monkeypatch.setattr(decode, "decode_jpeg_native", lambda p: decoded.append(native(p)) or decoded[-1])
+
+    cats = tmp_path / "caltech101" / "101_ObjectCategories"
+    for cat in ("BACKGROUND_Google", "accordion", "Faces"):
+        (cats / cat).mkdir(parents=True)
+    images = {"accordion": [photos[0], photos[1].convert("L"), photos[2].convert("CMYK")],
+              "Faces": [photos[1], photos[0].convert("L")]}
+    for cat, ims in images.items():
+        for i, im in enumerate(ims, 1):
+            im.save(cats / cat / f"image_{i:04d}.jpg", format="JPEG", quality=90)
+    photos[2].save(cats / "Faces" / "image_0003.jpg", format="PNG")  # a lying extension
+    (tmp_path / "caltech101" / "Annotations").mkdir()
+    modes = set()
+    for make in (lambda: None, lambda: T.Compose([T.Resize(72), T.CenterCrop(64), T.PILToTensor()])):
+        stock = Caltech101(str(tmp_path), transform=make())
+        stock_items = [stock[i] for i in range(len(stock))]
+        nano_patch.patch_torch()
+        try:
+            ds = Caltech101(str(tmp_path), transform=make())
+            for i, (want, want_target) in enumerate(stock_items):
+                got, target = ds[i]
+                assert target == want_target
+                if isinstance(want, Image.Image):
+                    modes.add(want.mode)
+                    assert got.mode == want.mode and got.size == want.size, i
+                    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+                else:
+                    assert got.shape == want.shape and (got.int() - want.int()).abs().max() <= 1, i
+        finally:
+            nano_patch.unpatch_torch()
+    assert modes == {"L", "RGB", "CMYK"}
+    # libjpeg-turbo took the 2 colour and 2 grayscale JPEGs; the CMYK JPEG and the PNG went to PIL.
+    kinds = sorted("pil" if a is None else f"{a.ndim}d" for a in decoded[:6])
+    assert kinds == ["2d", "2d", "3d", "3d", "pil", "pil"], kinds

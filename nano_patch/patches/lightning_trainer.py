@@ -68,6 +68,7 @@ class LightningTrainerPatch(Patch):
             original(self, *args, **translate(pl, kwargs, nano))
 
         __init__.__signature__ = _signature(original)  # type: ignore[attr-defined]
+        __init__.__doc__ = _docstring(original.__doc__)
         self.record.replace(Trainer, "__init__", __init__)
         self.record.replace(Trainer, "compile", staticmethod(compile_for(pl)))
 
@@ -81,15 +82,41 @@ def _signature(original: Any) -> inspect.Signature:
     """Stock signature plus the nano arguments, so LightningCLI and ``--help`` show them."""
     sig = inspect.signature(original)
     params = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    extra = [
-        inspect.Parameter("num_processes", inspect.Parameter.KEYWORD_ONLY, default=None, annotation="int | str | None"),
-        inspect.Parameter("cpu_for_each_process", inspect.Parameter.KEYWORD_ONLY, default=None,
-                          annotation="list[list[int]] | None"),
-        inspect.Parameter("channels_last", inspect.Parameter.KEYWORD_ONLY, default=None, annotation="bool | None"),
-        inspect.Parameter("auto_lr", inspect.Parameter.KEYWORD_ONLY, default=None, annotation="bool | dict | None"),
-    ]
+    # Real types, not strings: jsonargparse (LightningCLI) validates and converts with them.
+    types: dict[str, Any] = {
+        "num_processes": int | str | None,
+        "cpu_for_each_process": list[list[int]] | None,
+        "channels_last": bool | None,
+        "auto_lr": bool | dict[str, int] | None,
+    }
+    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation)
+             for name, annotation in types.items()]
     tail = [p for p in sig.parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD]
     return sig.replace(parameters=params + extra + tail)
+
+
+_ARG_DOCS = """
+            num_processes: nano-patch: data-parallel training with this many CPU processes on each node, each
+                pinned to its own cores, or ``"auto"``. Default: ``NANO_PATCH_NUM_PROCESSES``.
+                The effective batch size is num_processes x num_nodes x the DataLoader batch size.
+
+            cpu_for_each_process: nano-patch: an explicit core list for each process, e.g. ``[[0, 1], [2, 3]]``.
+                Default: ``NANO_PATCH_CPU_FOR_EACH_PROCESS``.
+
+            channels_last: nano-patch: run the model and the 4-D tensors of each batch in channels-last memory
+                format. Default: ``NANO_PATCH_CHANNELS_LAST``.
+
+            auto_lr: nano-patch: multiply learning rates by the world size, with a linear warmup over
+                ``{"warmup_epochs": k}`` epochs (default: a tenth of training). Default: ``NANO_PATCH_AUTO_LR``.
+"""
+
+
+def _docstring(doc: str | None) -> str | None:
+    """Stock ``Trainer.__init__`` docs with the nano arguments added to its Args section."""
+    if not doc:
+        return doc
+    at = doc.find("\n        Raises:")
+    return doc + _ARG_DOCS if at < 0 else doc[:at] + _ARG_DOCS.rstrip("\n") + "\n" + doc[at:]
 
 
 def translate(pl: ModuleType, kwargs: dict[str, Any], nano: dict[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,7 @@
 - ``folder.pil_loader`` / ``folder.default_loader``: the same decoder, returning a PIL image.
 - Built-in datasets that open their files with PIL themselves (Flowers102, Food101, OxfordIIITPet,
   StanfordCars, DTD, Country211 via ImageFolder): their ``__getitem__`` reads the same attributes
-  and decodes through the same path.
+  and decodes through the same path. Caltech101 keeps each photo's own mode (grayscale stays "L").
 """
 
 from __future__ import annotations
@@ -99,6 +99,30 @@ def _pet_adapter() -> Callable[..., Any]:
     return getitem
 
 
+def _caltech_adapter() -> Callable[..., Any]:
+    """Caltech101 opens with a bare ``Image.open`` (no RGB conversion): its grayscale photos stay "L"."""
+    import os
+
+    from ..vision import decode, loading
+
+    def getitem(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if len(args) != 1 or kwargs or list(instance.target_type) != ["category"]:
+            return wrapped(*args, **kwargs)  # annotations need scipy: rare, left stock
+        idx = args[0]
+        path = os.path.join(instance.root, "101_ObjectCategories", instance.categories[instance.y[idx]],
+                            f"image_{instance.index[idx]:04d}.jpg")
+        arr = decode.decode_jpeg_native(path)
+        if arr is None:
+            return wrapped(*args, **kwargs)  # not a plain JPEG: PIL, exactly as stock
+        target = instance.y[idx]
+        image = loading.transform_decoded(arr, instance.transform)
+        if instance.target_transform is not None:
+            target = instance.target_transform(target)
+        return image, target
+
+    return getitem
+
+
 def builtin_adapters(module: ModuleType, known: tuple[Callable[..., Any], ...]) -> dict[type, Callable[..., Any]]:
     from torchvision.datasets import folder
 
@@ -116,4 +140,7 @@ def builtin_adapters(module: ModuleType, known: tuple[Callable[..., Any], ...]) 
     pet = getattr(module, "OxfordIIITPet", None)
     if isinstance(pet, type) and "__getitem__" in vars(pet):
         adapters[pet] = _pet_adapter()
+    caltech = getattr(module, "Caltech101", None)
+    if isinstance(caltech, type) and "__getitem__" in vars(caltech):
+        adapters[caltech] = _caltech_adapter()
     return adapters

@@ -52,7 +52,8 @@ def resolve_plan(given: Mapping[str, Any], what: str = "argument") -> TrainingPl
             )
         n = len(cores)
     if n == "auto":
-        n = topology.auto_num_processes()
+        # Under torchrun or srun the ranks already exist: take as many as were launched on this node.
+        n = topology.launched_ranks_per_node() or topology.auto_num_processes()
     return TrainingPlan(
         num_processes=n,
         cpu_for_each_process=[list(c) for c in cores] if cores is not None else None,

@@ -25,12 +25,17 @@ def pin_rank(local_rank: int, num_processes: int, cpu_for_each_process: list[lis
     """Pin this rank's threads to its cores and size torch's and OpenMP's thread pools to match."""
     import torch
 
-    groups = cpu_for_each_process or topology.split_cores(num_processes)
-    if len(groups) != num_processes:
-        raise ValueError(
-            f"cpu_for_each_process has {len(groups)} core groups but there are {num_processes} processes per node"
-        )
-    cores = list(groups[local_rank])
+    if cpu_for_each_process is None and topology.bound_by_launcher():
+        # Every rank sees only its own CPUs: splitting them again would leave cores idle.
+        cores = [c.cpu for c in topology.physical_cores()]
+    else:
+        groups = cpu_for_each_process or topology.split_cores(num_processes)
+        if len(groups) != num_processes:
+            raise ValueError(
+                f"cpu_for_each_process has {len(groups)} core groups but there are {num_processes} processes "
+                "per node"
+            )
+        cores = list(groups[local_rank])
     topology.pin_process(cores)
     # Lightning's launcher divided the cores by the process count; set what this rank really has.
     os.environ["OMP_NUM_THREADS"] = str(len(cores))

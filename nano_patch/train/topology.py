@@ -95,6 +95,25 @@ def auto_num_processes(cpus: list[int] | None = None) -> int:
     return max(1, min(total, len(cores)))
 
 
+def launched_ranks_per_node() -> int | None:
+    """Ranks per node when an outside launcher started this process (torchrun, SLURM's srun), else None."""
+    env = os.environ
+    if env.get("LOCAL_WORLD_SIZE", "").isdigit():
+        return int(env["LOCAL_WORLD_SIZE"])
+    if "SLURM_PROCID" in env:
+        # "2" or "2(x3)": the tasks on this node come first.
+        match = re.match(r"\d+", env.get("SLURM_NTASKS_PER_NODE", env.get("SLURM_TASKS_PER_NODE", "")))
+        if match:
+            return int(match.group())
+    return None
+
+
+def bound_by_launcher() -> bool:
+    """SLURM already bound this task to its own CPUs (``--cpu-bind``): its mask is the rank's share."""
+    bind = os.environ.get("SLURM_CPU_BIND_TYPE", "").strip(",").lower()
+    return "SLURM_PROCID" in os.environ and bind not in ("", "none", "quiet", "quiet,none", "none,quiet")
+
+
 def pin_process(cpus: list[int]) -> None:
     """Pin every existing thread of this process (OpenMP's included) and its future threads to ``cpus``."""
     target = set(cpus)

@@ -66,6 +66,25 @@ def decode_rgb(
     return np.asarray(pil_open_rgb(path))
 
 
+def decode_jpeg_native(path: str | os.PathLike[str]) -> np.ndarray | None:
+    """A baseline/progressive JPEG in its own mode, as ``Image.open(path)`` would hold it: HxW for
+    grayscale ("L"), HxWx3 for colour ("RGB"). None for anything else (CMYK, other formats, damage):
+    the caller then opens the file with PIL as stock does."""
+    data = read_bytes(path)
+    sj = _simplejpeg()
+    if sj is None or not data.startswith(_JPEG_SOI):
+        return None
+    try:
+        colorspace = sj.decode_jpeg_header(data)[2]
+        if colorspace == "Gray":
+            return sj.decode_jpeg(data, colorspace="GRAY", strict=True)[:, :, 0]
+        if colorspace == "YCbCr":
+            return sj.decode_jpeg(data, colorspace="RGB", strict=True)
+    except ValueError:
+        pass
+    return None
+
+
 def pil_open_rgb(path: str | os.PathLike[str]) -> Image.Image:
     """Stock ``Image.open(path).convert("RGB")`` with the path added to any decoding error."""
     try:

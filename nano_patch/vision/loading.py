@@ -50,6 +50,16 @@ def load_transformed(path: str | os.PathLike[str], transform: Any) -> Any:
     return transform(load_pil(path))
 
 
+def transform_decoded(arr: np.ndarray, transform: Any) -> Any:
+    """Apply ``transform`` to an already decoded image, as stock code would to its PIL image."""
+    from torchvision.transforms import Compose
+
+    if transform is not None and pipeline.behaves_as(transform, Compose):
+        return pipeline.run_compose(transform, arr, stands_for_pil=True)
+    img = K.to_pil(arr)
+    return img if transform is None else transform(img)
+
+
 def _decode_with_first_resize(path: str | os.PathLike[str], transforms: list[Any]) -> np.ndarray:
     """Decode; with ``scaled_decode`` on and a first plain ``Resize`` far below the JPEG's size, fuse them.
 

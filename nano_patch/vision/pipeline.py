@@ -34,6 +34,7 @@ def configure(capable: Sequence[type], containers: Sequence[type], to_tensor: ty
     """Name the stock transform classes whose ``forward`` works on arrays (set by the patch)."""
     global _capable, _containers, _to_tensor_cls, _normalize_cls, _compose_cls
     _capable, _containers = tuple(capable), tuple(containers)
+    _kinds.clear()
     _to_tensor_cls, _normalize_cls, _compose_cls = to_tensor, normalize, compose
 
 
@@ -71,7 +72,11 @@ def wants_uint8(compose: Any) -> bool:
 
 def behaves_as(t: Any, base: type) -> bool:
     """``t`` is a ``base``, and no class between its own and ``base`` overrides ``__call__`` or ``forward``."""
-    for klass in type(t).__mro__:
+    return _type_behaves_as(type(t), base)
+
+
+def _type_behaves_as(cls: type, base: type) -> bool:
+    for klass in cls.__mro__:
         if klass is base:
             return True
         if "__call__" in vars(klass) or "forward" in vars(klass):
@@ -81,10 +86,27 @@ def behaves_as(t: Any, base: type) -> bool:
 
 def accepts_arrays(t: Callable[..., Any]) -> bool:
     """True if ``t`` is a stock transform (or a subclass that changes no behaviour) that works on arrays."""
-    for base in _containers:
-        if behaves_as(t, base):
-            return all(accepts_arrays(c) for c in t.transforms)
-    return any(behaves_as(t, base) for base in _capable)
+    kind = _kind(type(t))
+    if kind == "container":
+        return all(accepts_arrays(c) for c in t.transforms)
+    return kind == "capable"
+
+
+#: type -> "container" | "capable" | "other"; a per-configuration cache (every image asks it per step).
+_kinds: dict[type, str] = {}
+
+
+def _kind(klass: type) -> str:
+    kind = _kinds.get(klass)
+    if kind is None:
+        if any(_type_behaves_as(klass, base) for base in _containers):
+            kind = "container"
+        elif any(_type_behaves_as(klass, base) for base in _capable):
+            kind = "capable"
+        else:
+            kind = "other"
+        _kinds[klass] = kind
+    return kind
 
 
 def _is_pil_rgb_or_l(x: Any) -> bool:
@@ -108,8 +130,6 @@ def run(transforms: Sequence[Callable[..., Any]], img: Any, *, stands_for_pil: b
     ``uint8_tail``: the ToTensor (+ Normalize) steps cut off the end of ``transforms``; a uint8 image
     comes out as a uint8 C x H x W tensor instead, and anything else goes through them as stock.
     """
-    from torchvision.transforms import functional as F
-
     pil_out = stands_for_pil or _is_pil_rgb_or_l(img)
     array_out = K.is_image_array(img) and not stands_for_pil
     x = img
@@ -133,7 +153,7 @@ def run(transforms: Sequence[Callable[..., Any]], img: Any, *, stands_for_pil: b
             ):
                 # ToTensor then Normalize: normalise the fresh tensor in place, skipping Normalize's copy.
                 norm = items[i + 1]
-                x = F.normalize(K.to_tensor(x), norm.mean, norm.std, inplace=True)
+                x = K.to_tensor_normalized(x, norm.mean, norm.std)
                 i += 2
                 continue
             x = t(x)

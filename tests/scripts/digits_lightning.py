@@ -14,7 +14,8 @@ from sklearn.datasets import load_digits
 from torch.utils.data import DataLoader, TensorDataset
 
 ARGS = dict(a.split("=", 1) for a in sys.argv[2:] if "=" in a)
-OUT_DIR = sys.argv[1] if __name__ == "__main__" else None  # imported by a test: write nothing
+# Imported by a test: write nothing. "__mp_main__" is this script re-imported in a spawned rank.
+OUT_DIR = sys.argv[1] if __name__ in ("__main__", "__mp_main__") else None
 
 
 class DigitsCNN(pl.LightningModule):
@@ -26,6 +27,12 @@ class DigitsCNN(pl.LightningModule):
             torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(2), torch.nn.Flatten(), torch.nn.Linear(64, 10),
         )
 
+        # Digits have one channel, for which both memory formats look alike: watch the 8-channel activation.
+        self.net[2].register_forward_pre_hook(self._watch_conv_input)
+
+    def _watch_conv_input(self, module, args):
+        self.conv_input_channels_last = args[0].is_contiguous(memory_format=torch.channels_last)
+
     def forward(self, x):
         return self.net(x)
 
@@ -33,7 +40,6 @@ class DigitsCNN(pl.LightningModule):
         if int(ARGS.get("crash_rank", -1)) == self.global_rank and batch_idx == 2:
             raise RuntimeError("rank crashed on purpose")
         x, y = batch
-        self.seen_channels_last = x.is_contiguous(memory_format=torch.channels_last)
         return torch.nn.functional.cross_entropy(self(x), y)
 
     def validation_step(self, batch, batch_idx):
@@ -52,11 +58,12 @@ class DigitsCNN(pl.LightningModule):
         torch.save({k: v.detach().float().contiguous() for k, v in self.state_dict().items()}, weights)
         with open(os.path.join(out, f"rank{self.global_rank}.json"), "w") as f:
             json.dump({
-                "rank": self.global_rank, "world": self.trainer.world_size, "pid": os.getpid(),
+                "rank": self.global_rank, "world": self.trainer.world_size, "pid": os.getpid(), "ppid": os.getppid(),
+                "local_rank": self.local_rank,
                 "affinity": sorted(os.sched_getaffinity(0)), "threads": torch.get_num_threads(),
                 "omp": os.environ.get("OMP_NUM_THREADS"), "weights": weights,
-                "channels_last_weight": self.net[0].weight.is_contiguous(memory_format=torch.channels_last),
-                "channels_last_batch": getattr(self, "seen_channels_last", None),
+                "channels_last_weight": self.net[2].weight.is_contiguous(memory_format=torch.channels_last),
+                "conv_input_channels_last": getattr(self, "conv_input_channels_last", None),
                 "precision": str(self.trainer.precision), "strategy": type(self.trainer.strategy).__name__,
                 "task_affinity": [sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")],
             }, f)
