@@ -189,3 +189,28 @@ def test_transforms_pickle_and_run_in_spawned_workers(image_folder):
         batches = list(DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context=ctx))
         assert sum(len(b[0]) for b in batches) == len(ds)
         assert batches[0][0].shape[1:] == (3, 64, 64)
+
+
+@pytest.mark.parametrize("std", [[0.229, 0.224, 0.225], [0.01, 0.5, 0.5], [0.0, 1.0, 1.0]])
+def test_fused_to_tensor_normalize(photos, std):
+    """The fused ToTensor+Normalize is within 1e-6 of stock; a tiny std (large outputs) takes stock's
+    own arithmetic, and a zero std raises stock's error."""
+    import torchvision.transforms.functional as F
+
+    from nano_patch.vision import functional as K
+
+    arr = np.ascontiguousarray(np.asarray(photos[1])[:120, :160])
+    mean = [0.485, 0.456, 0.406]
+    if 0.0 in std:
+        with pytest.raises(ValueError, match="std evaluated to zero"):
+            F.normalize(F.to_tensor(arr), mean, std)
+        with pytest.raises(ValueError, match="std evaluated to zero"):
+            K.to_tensor_normalized(arr, mean, std)
+        return
+    want = F.normalize(F.to_tensor(arr), mean, std)
+    got = K.to_tensor_normalized(arr, mean, std)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    if min(std) < 0.125:
+        assert torch.equal(got, want)
+    else:
+        assert (got - want).abs().max() <= 1e-6
