@@ -368,15 +368,52 @@ def posterize(a: np.ndarray, bits: int) -> np.ndarray:
 
 
 def solarize(a: np.ndarray, threshold: int) -> np.ndarray:
-    return np.where(a < threshold, a, 255 - a)
+    v = np.arange(256)
+    return _lut(a, np.where(v < threshold, v, 255 - v))
+
+
+def _per_channel_lut(a: np.ndarray, tables: list[np.ndarray]) -> np.ndarray:
+    """Apply one 256-entry table per channel (PIL's ``point`` with a table per band)."""
+    if a.ndim == 2:
+        return _lut(a, tables[0])
+    return cv2().LUT(_contig(a), np.stack(tables, axis=1).astype(np.uint8).reshape(256, 1, a.shape[2]))
+
+
+def _histograms(a: np.ndarray) -> list[np.ndarray]:
+    c = cv2()
+    src = _contig(a)
+    channels = range(1 if a.ndim == 2 else a.shape[2])
+    return [c.calcHist([src], [ch], None, [256], [0, 256]).ravel().astype(np.int64) for ch in channels]
 
 
 def autocontrast(a: np.ndarray) -> np.ndarray:
-    return _via_pil(a, ImageOps.autocontrast)
+    """``ImageOps.autocontrast(img)`` (cutoff 0): each channel stretched from its min..max to 0..255."""
+    v = np.arange(256, dtype=np.float64)
+    tables = []
+    for hist in _histograms(a):
+        used = np.flatnonzero(hist)
+        lo, hi = (int(used[0]), int(used[-1])) if used.size else (0, 0)
+        if hi <= lo:
+            tables.append(v.astype(np.int64))
+            continue
+        scale = 255.0 / (hi - lo)
+        # PIL computes int(ix * scale + offset) in Python floats, truncating toward zero, then clips.
+        tables.append(np.clip(np.trunc(v * scale + (-lo * scale)), 0, 255).astype(np.int64))
+    return _per_channel_lut(a, tables)
 
 
 def equalize(a: np.ndarray) -> np.ndarray:
-    return _via_pil(a, ImageOps.equalize)
+    """``ImageOps.equalize(img)``: PIL's integer histogram equalisation, channel by channel."""
+    tables = []
+    for hist in _histograms(a):
+        used = hist[hist > 0]
+        step = (int(used.sum()) - int(used[-1])) // 255 if used.size > 1 else 0
+        if not step:
+            tables.append(np.arange(256))
+            continue
+        before = np.concatenate(([0], np.cumsum(hist)[:-1]))  # pixels below each level
+        tables.append(np.clip((step // 2 + before) // step, 0, 255))
+    return _per_channel_lut(a, tables)
 
 
 def gaussian_blur(a: np.ndarray, kernel_size: list[int], sigma: list[float]) -> np.ndarray:
