@@ -6,8 +6,9 @@ tensor, as a dataset's ``__getitem__`` does, on one pinned core with one thread.
 
 Columns: stock torchvision, patched (this interpreter's PIL), and the same two under a second
 interpreter with pillow-simd (``--simd-python``), albumentations 2.0.8 on the same ops, and a
-decode-only bound (simplejpeg). Medians of ``--repeats`` timed passes; results go to
-``benchmarks/results/vision.json`` and ``vision.png``.
+decode-only bound (simplejpeg). ``--repeats`` rounds, each timing every column once (stock and
+patched interleaved); medians over the rounds. Results go to ``benchmarks/results/vision.json``
+and ``vision.png``.
 
     python benchmarks/vision.py --simd-python /path/to/venv-with-pillow-simd/bin/python
 """
@@ -103,9 +104,14 @@ def rate(fn, files: list[str], seconds: float, repeats: int) -> float:
 
 
 def measure(files: dict[str, list[str]], seconds: float, repeats: int, with_albumentations: bool) -> dict:
-    """Everything that runs in one interpreter: stock, patched, (albumentations), decode bound."""
+    """Everything that runs in one interpreter: stock, patched, (albumentations), decode bound.
+
+    ``repeats`` rounds, each timing every column once, so that drift on a shared machine hits stock
+    and patched alike; each figure is the median over the rounds, and every round is kept.
+    """
     os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     import cv2
+    import simplejpeg
     import torch
 
     torch.set_num_threads(1)
@@ -116,37 +122,55 @@ def measure(files: dict[str, list[str]], seconds: float, repeats: int, with_albu
     from nano_patch import sysinfo
     from nano_patch.vision import loading
 
-    out: dict = {"pil": "{} {}".format(*sysinfo.pillow_distribution()), "pet": {}, "12mp": {}}
     pipes = torchvision_pipelines()
-    for name, pipe in pipes.items():
-        torch.manual_seed(0)
-        out["pet"].setdefault(name, {})["stock"] = rate(lambda f, p=pipe: p(default_loader(f)), files["pet"],
-                                                        seconds, repeats)
-    out["12mp"]["c"] = {"stock": rate(lambda f: pipes["c"](default_loader(f)), files["12mp"], seconds, repeats)}
-    nano_patch.patch_torch()
-    for name, pipe in pipes.items():
-        out["pet"][name]["patched"] = rate(lambda f, p=pipe: loading.load_transformed(f, p), files["pet"],
-                                           seconds, repeats)
-    out["12mp"]["c"]["patched"] = rate(lambda f: loading.load_transformed(f, pipes["c"]), files["12mp"], seconds,
-                                       repeats)
-    nano_patch.patch_torch(scaled_decode=True)
-    out["12mp"]["c"]["patched_scaled_decode"] = rate(lambda f: loading.load_transformed(f, pipes["c"]),
-                                                     files["12mp"], seconds, repeats)
-    nano_patch.unpatch_torch()
+    album = albumentations_pipelines() if with_albumentations else {}
+
+    def album_call(f, p):
+        img = cv2.cvtColor(cv2.imread(f), cv2.COLOR_BGR2RGB)
+        return p(image=img)["image"]
+
+    rounds: list[dict[tuple[str, str, str], float]] = []
+    for _ in range(repeats):
+        got: dict[tuple[str, str, str], float] = {}
+        for name, pipe in pipes.items():
+            torch.manual_seed(0)
+            got["pet", name, "stock"] = rate(lambda f, p=pipe: p(default_loader(f)), files["pet"], seconds, 1)
+        got["12mp", "c", "stock"] = rate(lambda f: pipes["c"](default_loader(f)), files["12mp"], seconds, 1)
+        nano_patch.patch_torch()
+        for name, pipe in pipes.items():
+            got["pet", name, "patched"] = rate(lambda f, p=pipe: loading.load_transformed(f, p), files["pet"],
+                                               seconds, 1)
+        got["12mp", "c", "patched"] = rate(lambda f: loading.load_transformed(f, pipes["c"]), files["12mp"],
+                                           seconds, 1)
+        nano_patch.patch_torch(scaled_decode=True)
+        got["12mp", "c", "patched_scaled_decode"] = rate(lambda f: loading.load_transformed(f, pipes["c"]),
+                                                         files["12mp"], seconds, 1)
+        nano_patch.unpatch_torch()
+        for name, pipe in album.items():
+            got["pet", name, "albumentations"] = rate(lambda f, p=pipe: album_call(f, p), files["pet"], seconds, 1)
+        got["decode", "", ""] = rate(lambda f: simplejpeg.decode_jpeg(Path(f).read_bytes(), colorspace="RGB"),
+                                     files["pet"], seconds, 1)
+        rounds.append(got)
+
+    out = summarise([{"/".join(k).strip("/"): v for k, v in r.items()} for r in rounds])
+    out["pil"] = "{} {}".format(*sysinfo.pillow_distribution())
     if with_albumentations:
-        import albumentations  # noqa: F401
+        import albumentations
 
-        def album(f, p):
-            img = cv2.cvtColor(cv2.imread(f), cv2.COLOR_BGR2RGB)
-            return p(image=img)["image"]
-
-        for name, pipe in albumentations_pipelines().items():
-            out["pet"][name]["albumentations"] = rate(lambda f, p=pipe: album(f, p), files["pet"], seconds, repeats)
         out["albumentations"] = albumentations.__version__
-    import simplejpeg
+    return out
 
-    out["pet_decode_only"] = rate(lambda f: simplejpeg.decode_jpeg(Path(f).read_bytes(), colorspace="RGB"),
-                                  files["pet"], seconds, repeats)
+
+def summarise(rounds: list[dict[str, float]]) -> dict:
+    """Medians over rounds of ``{"pet/a/stock": images_per_s, ..., "decode": ...}``, every round kept."""
+    out: dict = {"pet": {}, "12mp": {}, "rounds": rounds}
+    for key in rounds[0]:
+        value = statistics.median(r[key] for r in rounds)
+        if key == "decode":
+            out["pet_decode_only"] = value
+        else:
+            size, name, column = key.split("/")
+            out[size].setdefault(name, {})[column] = value
     return out
 
 
@@ -191,13 +215,19 @@ def main() -> None:
         files = make_photos(Path(tmp))
         result = {"machine": f"{platform.processor() or platform.machine()}, {_cpu_name()}, {os.cpu_count()} CPUs",
                   "python": platform.python_version(), "seconds": args.seconds, "repeats": args.repeats}
-        result["plain"] = measure(files, args.seconds, args.repeats, with_albumentations=True)
-        if args.simd_python:
-            spec = Path(tmp) / "files.json"
-            spec.write_text(json.dumps(files))
-            proc = subprocess.run([args.simd_python, __file__, "--worker", str(spec), "--seconds", str(args.seconds),
-                                   "--repeats", str(args.repeats)], capture_output=True, text=True, check=True)
-            result["simd"] = json.loads(proc.stdout.strip().splitlines()[-1])
+        spec = Path(tmp) / "files.json"
+        spec.write_text(json.dumps(files))
+        plain: list[dict] = []
+        simd: list[dict] = []
+        for _ in range(args.repeats):  # plain Pillow and pillow-simd rounds alternate, so drift hits both
+            plain.append(measure(files, args.seconds, 1, with_albumentations=True))
+            if args.simd_python:
+                proc = subprocess.run([args.simd_python, __file__, "--worker", str(spec), "--seconds",
+                                       str(args.seconds), "--repeats", "1"], capture_output=True, text=True, check=True)
+                simd.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        result["plain"] = {**plain[0], **summarise([r for p in plain for r in p["rounds"]])}
+        if simd:
+            result["simd"] = {**simd[0], **summarise([r for p in simd for r in p["rounds"]])}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "vision.json").write_text(json.dumps(result, indent=2))
     chart(result, RESULTS / "vision.png")

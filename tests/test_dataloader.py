@@ -169,6 +169,31 @@ def test_uint8_batches_equal_the_patched_float_path_on_a_resizing_pipeline(image
         assert (a - b).abs().max().item() <= 1e-6
 
 
+def test_a_pinned_uint8_batch_becomes_a_pinned_float_batch(monkeypatch):
+    """With pin_memory (a CUDA consumer) stock's float batch is pinned, so the finished one must be too.
+
+    Pinning needs CUDA, which this machine lacks: the pinned state and the allocation are observed instead.
+    """
+    from nano_patch.data.batches import BatchSpec, to_float
+
+    images = torch.arange(2 * 3 * 4 * 4, dtype=torch.uint8).view(2, 3, 4, 4)
+    asked = []
+    real_empty = torch.empty
+
+    def empty(*args, pin_memory=False, **kwargs):
+        asked.append(pin_memory)
+        return real_empty(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "empty", empty)
+    spec = BatchSpec(tuple(MEAN), tuple(STD))
+    for pinned in (False, True):
+        monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self, p=pinned: p)
+        out = to_float(images, spec)
+        want = (images.float() / 255 - torch.tensor(MEAN).view(1, 3, 1, 1)) / torch.tensor(STD).view(1, 3, 1, 1)
+        assert (out - want).abs().max() <= 1e-6
+    assert asked == [False, True]
+
+
 def test_uint8_batches_only_where_understood(image_folder):
     from torchvision import transforms as T
     from torchvision.datasets import ImageFolder
@@ -215,6 +240,10 @@ def test_lightning_reinjects_its_sampler_into_patched_loaders_on_two_ranks(tmp_p
         assert (r["worker_init"], r["persistent"], r["num_workers"]) == ("WorkerInit", True, 1)
         assert r["user_init_kept"]
         assert len(r["seen"]) == 40  # 20 samples a rank, 2 epochs
+        worker = json.loads((tmp_path / f"worker_of_{r['pid']}.json").read_text())
+        assert worker["affinity"] == r["affinity"], "a worker left its rank's cores"
+        assert worker["threads"] == 1 and worker["omp"] == "1"
+    assert not set(r0["affinity"]) & set(r1["affinity"])
     for epoch in range(2):
         a, b = set(r0["seen"][epoch * 20:(epoch + 1) * 20]), set(r1["seen"][epoch * 20:(epoch + 1) * 20])
         assert not a & b and a | b == set(range(40))

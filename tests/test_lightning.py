@@ -352,3 +352,27 @@ def test_channels_last_reaches_every_image_in_a_batch_and_leaves_the_rest():
     for im, ref in zip(images, before):
         assert im.is_contiguous(memory_format=torch.channels_last) and torch.equal(im, ref)
     assert tokens.is_contiguous() and vector.is_contiguous()  # 3-D and 2-D tensors stay as they were
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_bf16_without_native_support_warns_once(monkeypatch, native):
+    import pytorch_lightning as pl
+
+    from nano_patch import sysinfo
+    from nano_patch.patches import lightning_trainer
+    from nano_patch.registry import NanoPatchWarning
+
+    monkeypatch.setattr(sysinfo, "has_native_bf16", lambda: native)
+    lightning_trainer.warn_bf16_once.cache_clear()
+    nano_patch.patch_torch()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for precision in ("bf16", "bf16-mixed"):
+            t = pl.Trainer(precision=precision, accelerator="cpu", logger=False, enable_checkpointing=False)
+            assert str(t.precision) == "bf16-mixed"
+    ours = [w for w in seen if issubclass(w.category, NanoPatchWarning)]
+    if native:
+        assert not ours
+    else:
+        assert len(ours) == 1 and "avx512_bf16" in str(ours[0].message)
+    lightning_trainer.warn_bf16_once.cache_clear()

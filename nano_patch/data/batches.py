@@ -98,7 +98,10 @@ def to_float(images: Any, spec: BatchSpec) -> Any:
     import torch
 
     fmt = torch.channels_last if spec.channels_last else torch.contiguous_format
-    out = torch.empty(images.shape, dtype=torch.get_default_dtype(), memory_format=fmt)
+    # With pin_memory the loader pinned the uint8 batch; stock's float batch would have been pinned
+    # too, so the float batch is born pinned and `.to("cuda", non_blocking=True)` stays asynchronous.
+    out = torch.empty(images.shape, dtype=torch.get_default_dtype(), memory_format=fmt,
+                      pin_memory=bool(images.is_pinned()))
     out.copy_(images)
     out.div_(255)
     if spec.mean is not None and spec.std is not None:

@@ -1,7 +1,7 @@
 """A plain Lightning script whose DataLoader Lightning must re-create with a DistributedSampler.
 
 argv: OUT_DIR. Each rank writes OUT_DIR/rank{N}.json: the sample indices it trained on and what its
-re-created training DataLoader looks like.
+re-created training DataLoader looks like; its worker writes worker_of_{rank pid}.json: its cores and threads.
 """
 
 import json
@@ -18,6 +18,12 @@ class Indexed(Dataset):
         return 40
 
     def __getitem__(self, i):
+        info = torch.utils.data.get_worker_info()
+        mark = os.path.join(sys.argv[1], f"worker_of_{os.getppid()}.json")
+        if info is not None and not os.path.exists(mark):
+            with open(mark, "w") as f:  # what a worker really runs on, read while it loads
+                json.dump({"affinity": sorted(os.sched_getaffinity(0)), "threads": torch.get_num_threads(),
+                           "omp": os.environ.get("OMP_NUM_THREADS")}, f)
         return torch.full((4,), float(i)), i
 
 
@@ -41,7 +47,8 @@ class Model(pl.LightningModule):
             json.dump({"seen": self.seen, "sampler": type(dl.sampler).__name__,
                        "worker_init": type(dl.worker_init_fn).__name__, "persistent": dl.persistent_workers,
                        "user_init_kept": getattr(dl.worker_init_fn, "user_fn", None) is mark_worker,
-                       "num_workers": dl.num_workers}, f)
+                       "num_workers": dl.num_workers, "pid": os.getpid(),
+                       "affinity": sorted(os.sched_getaffinity(0))}, f)
 
 
 def mark_worker(worker_id):
