@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -67,12 +68,15 @@ class PinnedCores:
         super().setup_environment()  # type: ignore[misc]
 
 
+def _per_namespace(module: ModuleType, build: Callable[[ModuleType], type]) -> type:
+    if module.__name__ not in _classes:
+        _classes[module.__name__] = build(module)
+    return _classes[module.__name__]
+
+
 def strategy_class(pl: ModuleType) -> type:
     """``NanoDDPStrategy`` for the Lightning namespace ``pl`` (``pytorch_lightning`` or ``lightning.pytorch``)."""
-    key = pl.__name__
-    if key not in _classes:
-        _classes[key] = _build(pl)
-    return _classes[key]
+    return _per_namespace(pl, _build)
 
 
 def _build(pl: ModuleType) -> type:
@@ -106,10 +110,7 @@ def _build(pl: ModuleType) -> type:
 
 def fabric_strategy_class(fabric: ModuleType) -> type:
     """The same strategy for Lightning Fabric (``lightning_fabric`` or ``lightning.fabric``)."""
-    key = fabric.__name__
-    if key not in _classes:
-        _classes[key] = _build_fabric(fabric)
-    return _classes[key]
+    return _per_namespace(fabric, _build_fabric)
 
 
 def _build_fabric(fabric: ModuleType) -> type:

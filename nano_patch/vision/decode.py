@@ -29,8 +29,8 @@ def read_bytes(path: str | os.PathLike[str]) -> bytes:
         return f.read()
 
 
-def jpeg_size(data: bytes) -> tuple[int, int] | None:
-    """(height, width) of a JPEG that simplejpeg can decode to RGB, else None."""
+def _jpeg_header(data: bytes) -> tuple[int, int, str] | None:
+    """(height, width, colorspace) of a JPEG that libjpeg-turbo decodes like PIL ("YCbCr" or "Gray")."""
     sj = _simplejpeg()
     if sj is None or not data.startswith(_JPEG_SOI):
         return None
@@ -40,7 +40,13 @@ def jpeg_size(data: bytes) -> tuple[int, int] | None:
         return None
     if colorspace not in ("YCbCr", "Gray"):
         return None  # CMYK and YCCK: PIL's conversion is the reference
-    return h, w
+    return h, w, colorspace
+
+
+def jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """(height, width) of a JPEG that simplejpeg can decode to RGB, else None."""
+    header = _jpeg_header(data)
+    return None if header is None else header[:2]
 
 
 def decode_rgb(
@@ -71,18 +77,15 @@ def decode_jpeg_native(path: str | os.PathLike[str]) -> np.ndarray | None:
     grayscale ("L"), HxWx3 for colour ("RGB"). None for anything else (CMYK, other formats, damage):
     the caller then opens the file with PIL as stock does."""
     data = read_bytes(path)
-    sj = _simplejpeg()
-    if sj is None or not data.startswith(_JPEG_SOI):
+    header = _jpeg_header(data)
+    if header is None:
         return None
+    gray = header[2] == "Gray"
     try:
-        colorspace = sj.decode_jpeg_header(data)[2]
-        if colorspace == "Gray":
-            return sj.decode_jpeg(data, colorspace="GRAY", strict=True)[:, :, 0]
-        if colorspace == "YCbCr":
-            return sj.decode_jpeg(data, colorspace="RGB", strict=True)
+        arr = _simplejpeg().decode_jpeg(data, colorspace="GRAY" if gray else "RGB", strict=True)
     except ValueError:
-        pass
-    return None
+        return None  # truncated or corrupt: PIL decides
+    return arr[:, :, 0] if gray else arr
 
 
 def pil_open_rgb(path: str | os.PathLike[str]) -> Image.Image:

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageOps
 
+from .. import sysinfo
+
 _cv2 = None
 #: OpenCV's thread count before the first kernel call, restored by :func:`release_cv2`.
 _cv2_threads_before: int | None = None
@@ -179,7 +181,8 @@ def resize(a: np.ndarray, size: list[int], interpolation: int = Image.BILINEAR) 
     if interpolation == Image.NEAREST:
         return cv2().resize(_contig(a), (ow, oh), interpolation=cv2().INTER_NEAREST_EXACT)
     mode = _TORCH_AA.get(interpolation)
-    if mode is None or min(a.shape[:2]) < 2 or (a.shape[0] * a.shape[1] <= SIMD_MAX_PIXELS and _pillow_is_simd()):
+    simd = a.shape[0] * a.shape[1] <= SIMD_MAX_PIXELS and sysinfo.pillow_is_simd()
+    if mode is None or min(a.shape[:2]) < 2 or simd:
         return np.asarray(to_pil(a).resize((ow, oh), interpolation))
     import torch
 
@@ -187,12 +190,6 @@ def resize(a: np.ndarray, size: list[int], interpolation: int = Image.BILINEAR) 
     x = x[None, None] if a.ndim == 2 else x.permute(2, 0, 1)[None]
     y = torch.nn.functional.interpolate(x, size=(oh, ow), mode=mode, antialias=True, align_corners=False)
     return y[0, 0].numpy() if a.ndim == 2 else _contig(y[0].permute(1, 2, 0).numpy())
-
-
-def _pillow_is_simd() -> bool:
-    from nano_patch import sysinfo
-
-    return sysinfo.pillow_is_simd()
 
 
 def _inverse_map(data: Sequence[float], perspective: bool) -> np.ndarray:
