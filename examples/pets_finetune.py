@@ -86,8 +86,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--pretrained", action="store_true")
+    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     train_dl, val_dl, train = loaders(args.root, args.size, args.batch, args.workers)
     model = PetsClassifier(len(train.classes), args.pretrained)
     trainer = pl.Trainer(max_epochs=args.epochs, accelerator="cpu", logger=False, enable_checkpointing=False,

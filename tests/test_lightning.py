@@ -6,6 +6,7 @@ import json
 import os
 import pickle
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -123,6 +124,36 @@ def test_torchrun_launches_and_each_local_rank_is_pinned(tmp_path):
         assert r["threads"] == len(r["affinity"]) == int(r["omp"])
     w0, w1 = _weights(r0["weights"]), _weights(r1["weights"])
     assert all(torch.equal(w0[k], w1[k]) for k in w0)
+
+
+@pytest.mark.skipif(not TWO_CORES, reason="needs 2 usable cores")
+def test_two_torchrun_nodes_compose_with_num_nodes(tmp_path):
+    """Two torchrun agents acting as two nodes of two ranks (static rendezvous on this machine) and an
+    unchanged script with Trainer(num_nodes=2): four ranks, each node's ranks pinned apart by
+    LOCAL_RANK, gradients averaged over all four."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node}", "--nproc_per_node=2",
+         "--master_addr=127.0.0.1", f"--master_port={port}", "-m", "nano_patch", "run", str(SCRIPT), str(tmp_path),
+         "max_steps=3", "num_nodes=2"],
+        env=_env(NANO_PATCH_NUM_PROCESSES="auto"), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True) for node in (0, 1)]
+    for p in procs:
+        _, err = p.communicate(timeout=400)
+        assert p.returncode == 0, err[-4000:]
+    ranks = _ranks(tmp_path, 4)
+    assert sorted((r["node_rank"], r["local_rank"]) for r in ranks) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert {(r["world"], r["strategy"]) for r in ranks} == {(4, "NanoDDPStrategy")}
+    for node in (0, 1):
+        a, b = sorted((r for r in ranks if r["node_rank"] == node), key=lambda r: r["local_rank"])
+        assert a["affinity"] and b["affinity"] and not set(a["affinity"]) & set(b["affinity"])
+        assert a["threads"] == len(a["affinity"]) and b["threads"] == len(b["affinity"])
+    w0 = _weights(ranks[0]["weights"])
+    for r in ranks[1:]:
+        w = _weights(r["weights"])
+        assert all(torch.equal(w0[k], w[k]) for k in w0)
 
 
 @pytest.mark.skipif(not TWO_CORES, reason="needs 2 usable cores")

@@ -59,7 +59,7 @@ class DigitsCNN(pl.LightningModule):
         with open(os.path.join(out, f"rank{self.global_rank}.json"), "w") as f:
             json.dump({
                 "rank": self.global_rank, "world": self.trainer.world_size, "pid": os.getpid(), "ppid": os.getppid(),
-                "local_rank": self.local_rank,
+                "local_rank": self.local_rank, "node_rank": self.trainer.node_rank,
                 "affinity": sorted(os.sched_getaffinity(0)), "threads": torch.get_num_threads(),
                 "omp": os.environ.get("OMP_NUM_THREADS"), "weights": weights,
                 "channels_last_weight": self.net[2].weight.is_contiguous(memory_format=torch.channels_last),
@@ -87,8 +87,9 @@ if __name__ == "__main__":
     for key in ("strategy", "precision"):
         if key in ARGS:
             trainer_kwargs[key] = ARGS[key]
-    if "devices" in ARGS:
-        trainer_kwargs["devices"] = int(ARGS["devices"])
+    for key in ("devices", "num_nodes"):
+        if key in ARGS:
+            trainer_kwargs[key] = int(ARGS[key])
     trainer = pl.Trainer(**trainer_kwargs)
     model = DigitsCNN(lr=float(ARGS.get("lr", 0.01)))
     sampler = None
