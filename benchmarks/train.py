@@ -28,6 +28,9 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results"
 
+ALL = {"NANO_PATCH_PRECISION": "bf16", "NANO_PATCH_CHANNELS_LAST": "1"}
+ALL_NAME = "all (bf16, channels_last, vision, dataloader)"
+ALL_2P_NAME = "all + 2 processes"
 CONFIGS = {
     "stock": ([], {}),
     "vision+dataloader patch": (["-m", "nano_patch", "run"], {"NANO_PATCH_TRAINER": "0"}),
@@ -39,13 +42,10 @@ CONFIGS = {
                                                    "NANO_PATCH_DATALOADER": "0"}),
     "2 processes (fp32)": (["-m", "nano_patch", "run"], {"NANO_PATCH_NUM_PROCESSES": "2", "NANO_PATCH_VISION": "0",
                                                         "NANO_PATCH_DATALOADER": "0"}),
-    "all (bf16, channels_last, vision, dataloader)": (
-        ["-m", "nano_patch", "run"], {"NANO_PATCH_PRECISION": "bf16", "NANO_PATCH_CHANNELS_LAST": "1"}),
-    "all + 2 processes": (["-m", "nano_patch", "run"], {"NANO_PATCH_PRECISION": "bf16", "NANO_PATCH_CHANNELS_LAST": "1",
-                                                       "NANO_PATCH_NUM_PROCESSES": "2"}),
+    ALL_NAME: (["-m", "nano_patch", "run"], ALL),
+    ALL_2P_NAME: (["-m", "nano_patch", "run"], {**ALL, "NANO_PATCH_NUM_PROCESSES": "2"}),
 }
 
-ALL = {"NANO_PATCH_PRECISION": "bf16", "NANO_PATCH_CHANNELS_LAST": "1"}
 JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4"
 # `nano-patch init` candidates, each on top of "all" (run with --env-study; results/env.json).
@@ -164,10 +164,10 @@ def main() -> None:
                 runs[name].append(run_config(name, data, args.epochs))
                 print(name, runs[name][-1], flush=True)
         for name, rs in runs.items():
-            median = sorted(rs, key=lambda r: r["samples_per_s"])[len(rs) // 2]
             # per_round keeps the run order, so each run can be compared with its round's bound
-            result["configs"][name] = {**median, "per_round": [r["samples_per_s"] for r in rs]}
-        result["compute_only_bound"] = sorted(bounds)[len(bounds) // 2]
+            result["configs"][name] = {**_middle(rs, key=lambda r: r["samples_per_s"]),
+                                       "per_round": [r["samples_per_s"] for r in rs]}
+        result["compute_only_bound"] = _middle(bounds)
         result["compute_only_bounds"] = bounds
     RESULTS.mkdir(exist_ok=True)
     stem = "env" if args.env_study else "train"
@@ -185,11 +185,15 @@ def main() -> None:
         pct = ", ".join(f"{100 * v / b:.0f}%" for v, b in zip(r["per_round"], bounds))
         print(f"{name}: per round {r['per_round']} = {pct} of that round's bound")
     configs = result["configs"]
-    if {"all (bf16, channels_last, vision, dataloader)", "all + 2 processes"} <= configs.keys():
-        ratios = [b / a for a, b in zip(configs["all (bf16, channels_last, vision, dataloader)"]["per_round"],
-                                        configs["all + 2 processes"]["per_round"])]
+    if {ALL_NAME, ALL_2P_NAME} <= configs.keys():
+        ratios = [b / a for a, b in zip(configs[ALL_NAME]["per_round"], configs[ALL_2P_NAME]["per_round"])]
         print("all + 2 processes / all, per round:", ", ".join(f"{r:.2f}" for r in ratios),
-              f"(median {sorted(ratios)[len(ratios) // 2]:.2f})")
+              f"(median {_middle(ratios):.2f})")
+
+
+def _middle(values: list, key=None):
+    """The median element itself (the upper one of an even count), so a whole run can be reported."""
+    return sorted(values, key=key)[len(values) // 2]
 
 
 def _cpu_name() -> str:

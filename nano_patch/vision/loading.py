@@ -42,12 +42,10 @@ def load_transformed(path: str | os.PathLike[str], transform: Any) -> Any:
     """Decode ``path`` and apply ``transform`` the way a stock dataset would after ``pil_loader``."""
     from torchvision.transforms import Compose
 
-    if transform is None:
-        return load_pil(path)
-    if pipeline.behaves_as(transform, Compose):
-        arr = _decode_with_first_resize(path, list(transform.transforms))
-        return pipeline.run_compose(transform, arr, stands_for_pil=True)
-    return transform(load_pil(path))
+    if transform is not None and pipeline.behaves_as(transform, Compose):
+        arr, done = _decode_with_first_resize(path, transform.transforms)
+        return pipeline.run_compose(transform, arr, stands_for_pil=True, skip=done)
+    return transform_decoded(decode.decode_rgb(path), transform)
 
 
 def transform_decoded(arr: np.ndarray, transform: Any) -> Any:
@@ -60,11 +58,12 @@ def transform_decoded(arr: np.ndarray, transform: Any) -> Any:
     return img if transform is None else transform(img)
 
 
-def _decode_with_first_resize(path: str | os.PathLike[str], transforms: list[Any]) -> np.ndarray:
+def _decode_with_first_resize(path: str | os.PathLike[str], transforms: list[Any]) -> tuple[np.ndarray, int]:
     """Decode; with ``scaled_decode`` on and a first plain ``Resize`` far below the JPEG's size, fuse them.
 
-    On success the fused Resize is removed from ``transforms``; the output is the stock Resize's
-    output size exactly, computed from the full-size header.
+    Returns the image and how many leading ``transforms`` it already applied: 1 when the Resize was
+    fused (the image then has the stock Resize's output size exactly, computed from the full-size
+    header), else 0.
     """
     from torchvision.transforms import InterpolationMode, Resize
     from torchvision.transforms.functional import _compute_resized_output_size
@@ -77,23 +76,22 @@ def _decode_with_first_resize(path: str | os.PathLike[str], transforms: list[Any
         or type(first) is not Resize
         or first.interpolation not in (InterpolationMode.BILINEAR, InterpolationMode.BICUBIC)
     ):
-        return decode.decode_rgb(path)
+        return decode.decode_rgb(path), 0
     data = decode.read_bytes(path)
     size = decode.jpeg_size(data)
     if size is None:
-        return decode.decode_rgb(path, data=data)
+        return decode.decode_rgb(path, data=data), 0
     h, w = size
     requested = [first.size] if isinstance(first.size, int) else list(first.size)
     out_h, out_w = _compute_resized_output_size((h, w), requested, first.max_size)
     min_h = max(int(out_h * DCT_MARGIN), math.ceil(h * DCT_MIN_SCALE))
     min_w = max(int(out_w * DCT_MARGIN), math.ceil(w * DCT_MIN_SCALE))
     if min_h * 2 > h or min_w * 2 > w:
-        return decode.decode_rgb(path, data=data)  # not even a 1/2 DCT scale fits
+        return decode.decode_rgb(path, data=data), 0  # not even a 1/2 DCT scale fits
     arr = decode.decode_rgb(path, min_size=(min_h, min_w), data=data)
     if arr.shape[:2] == (h, w):
-        return arr
+        return arr, 0
     from PIL import Image
 
     pil_mode = Image.BILINEAR if first.interpolation == InterpolationMode.BILINEAR else Image.BICUBIC
-    transforms.pop(0)
-    return K.resize(arr, [out_h, out_w], pil_mode)
+    return K.resize(arr, [out_h, out_w], pil_mode), 1

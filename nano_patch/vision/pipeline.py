@@ -177,11 +177,11 @@ def _uint8_chw(x: Any) -> Any:
     return t.unsqueeze(0) if t.dim() == 2 else t.permute(2, 0, 1)
 
 
-def run_compose(compose: Any, img: Any, *, stands_for_pil: bool = False) -> Any:
-    """:func:`run` for a whole ``Compose``, honouring :func:`emit_uint8`."""
-    items = list(compose.transforms)
+def run_compose(compose: Any, img: Any, *, stands_for_pil: bool = False, skip: int = 0) -> Any:
+    """:func:`run` for a ``Compose``, honouring :func:`emit_uint8`; ``skip``: leading steps already applied."""
+    items = list(compose.transforms)[skip:]
     if _uint8_out and compose in _uint8_out:
         tail = tensor_tail(compose)
-        if tail:
+        if tail and len(tail) <= len(items):
             return run(items[: -len(tail)], img, stands_for_pil=stands_for_pil, uint8_tail=tail)
     return run(items, img, stands_for_pil=stands_for_pil)
