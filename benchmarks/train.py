@@ -31,6 +31,8 @@ RESULTS = Path(__file__).parent / "results"
 ALL = {"NANO_PATCH_PRECISION": "bf16", "NANO_PATCH_CHANNELS_LAST": "1"}
 ALL_NAME = "all (bf16, channels_last, vision, dataloader)"
 ALL_2P_NAME = "all + 2 processes"
+FAST_NAME = "nano-patch run --fast"
+FAST_REPORT_NAME = "nano-patch run --fast --report"
 CONFIGS = {
     "stock": ([], {}),
     "vision+dataloader patch": (["-m", "nano_patch", "run"], {"NANO_PATCH_TRAINER": "0"}),
@@ -44,6 +46,9 @@ CONFIGS = {
                                                         "NANO_PATCH_DATALOADER": "0"}),
     ALL_NAME: (["-m", "nano_patch", "run"], ALL),
     ALL_2P_NAME: (["-m", "nano_patch", "run"], {**ALL, "NANO_PATCH_NUM_PROCESSES": "2"}),
+    # The one-flag path a new user takes, and its report's cost (`--stem preset` keeps these apart).
+    FAST_NAME: (["-m", "nano_patch", "run", "--fast"], {}),
+    FAST_REPORT_NAME: (["-m", "nano_patch", "run", "--fast", "--report"], {}),
 }
 
 JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
@@ -146,6 +151,7 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", help="run only these configurations")
     ap.add_argument("--env-study", action="store_true", help="measure each `nano-patch init` setting instead")
     ap.add_argument("--repeat", type=int, default=1, help="runs per configuration; the median is reported")
+    ap.add_argument("--stem", default=None, help="results file name (default: train, or env with --env-study)")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT / "examples"))
     from make_photo_folder import build
@@ -170,7 +176,7 @@ def main() -> None:
         result["compute_only_bound"] = _middle(bounds)
         result["compute_only_bounds"] = bounds
     RESULTS.mkdir(exist_ok=True)
-    stem = "env" if args.env_study else "train"
+    stem = args.stem or ("env" if args.env_study else "train")
     (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2))
     chart(result, RESULTS / f"{stem}.png")
     stock = next(iter(result["configs"].values()))["samples_per_s"]
@@ -185,6 +191,10 @@ def main() -> None:
         pct = ", ".join(f"{100 * v / b:.0f}%" for v, b in zip(r["per_round"], bounds))
         print(f"{name}: per round {r['per_round']} = {pct} of that round's bound")
     configs = result["configs"]
+    for a, b in (("stock", FAST_NAME), (FAST_NAME, FAST_REPORT_NAME)):
+        if {a, b} <= configs.keys():
+            ratios = [y / x for x, y in zip(configs[a]["per_round"], configs[b]["per_round"])]
+            print(f"{b} / {a}, per round:", ", ".join(f"{r:.3f}" for r in ratios), f"(median {_middle(ratios):.3f})")
     if {ALL_NAME, ALL_2P_NAME} <= configs.keys():
         ratios = [b / a for a, b in zip(configs[ALL_NAME]["per_round"], configs[ALL_2P_NAME]["per_round"])]
         print("all + 2 processes / all, per round:", ", ".join(f"{r:.2f}" for r in ratios),

@@ -3,9 +3,12 @@
 A ResNet-18 LightningModule over an ImageFolder with the standard torchvision transforms. It never
 imports nano_patch; run it stock, or under nano-patch:
 
-    python examples/make_photo_folder.py /tmp/photos
-    python examples/pets_finetune.py /tmp/photos --epochs 1
-    NANO_PATCH_PRECISION=bf16 NANO_PATCH_CHANNELS_LAST=1 nano-patch run examples/pets_finetune.py /tmp/photos
+    python examples/pets_finetune.py                       # stock
+    nano-patch run --fast examples/pets_finetune.py        # patched, bf16 where the CPU has it, channels-last
+
+Without a data folder it builds one of real photographs (``make_photo_folder.py``) in the user's
+cache folder on first use, and says where. Give your own ImageFolder root (with ``train/`` and
+``val/``) as the first argument.
 
 With no internet, the ResNet starts from random weights (pass --pretrained where torchvision's
 weights are cached).
@@ -14,7 +17,9 @@ weights are cached).
 from __future__ import annotations
 
 import argparse
+import os
 import time
+from pathlib import Path
 
 import pytorch_lightning as pl
 import torch
@@ -78,9 +83,25 @@ def loaders(root: str, size: int, batch: int, workers: int | None):
     return DataLoader(train, batch_size=batch, shuffle=True, **kw), DataLoader(val, batch_size=batch, **kw), train
 
 
+def default_root() -> Path:
+    """The real-photo folder in the user's cache folder, built on first use."""
+    from make_photo_folder import build
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    root = cache / "nano-patch" / "pets-photos"
+    done = root / ".complete"
+    if not done.exists():
+        print(f"building the real-photo folder in {root} (once)", flush=True)
+        build(root)
+        done.touch()
+    print(f"data: {root}", flush=True)
+    return root
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("root")
+    ap.add_argument("root", nargs="?", help="ImageFolder root with train/ and val/; default: real photos, built "
+                                            "in the cache folder on first use")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--size", type=int, default=128)
     ap.add_argument("--batch", type=int, default=16)
@@ -89,7 +110,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     torch.manual_seed(args.seed)
-    train_dl, val_dl, train = loaders(args.root, args.size, args.batch, args.workers)
+    root = args.root or default_root()
+    train_dl, val_dl, train = loaders(root, args.size, args.batch, args.workers)
     model = PetsClassifier(len(train.classes), args.pretrained)
     trainer = pl.Trainer(max_epochs=args.epochs, accelerator="cpu", logger=False, enable_checkpointing=False,
                          enable_progress_bar=False)

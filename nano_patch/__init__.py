@@ -83,6 +83,10 @@ def patch_torch(
     opts = config.resolve(explicit)
     # Children (Lightning's script re-run, spawn workers) read this in the .pth startup hook.
     os.environ[STARTUP_ENV] = json.dumps({k: _jsonable(v) for k, v in explicit.items()})
+    from . import report, session
+
+    report.activate_from_env()
+    session.note_options(opts)
     _get_manager().patch(opts)
 
 
@@ -97,6 +101,9 @@ def unpatch_torch() -> None:
     os.environ.pop(STARTUP_ENV, None)
     if _manager is not None:
         _manager.unpatch()
+        from . import session
+
+        session.forget_options()
 
 
 def is_patched() -> bool:

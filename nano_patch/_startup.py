@@ -9,8 +9,10 @@ import sys
 
 
 def _run() -> None:
-    from nano_patch import patch_torch
+    from nano_patch import patch_torch, session
     from nano_patch.config import STARTUP_ENV, from_json
+
+    session.started_by_run = True
 
     try:
         patch_torch(**from_json(os.environ.get(STARTUP_ENV) or "{}"))

@@ -7,7 +7,10 @@ import json
 import os
 import runpy
 import sys
+import traceback
 from collections.abc import Sequence
+
+from . import config
 
 SUBCOMMANDS = ("run", "status", "init", "install-simd")
 
@@ -15,9 +18,34 @@ SUBCOMMANDS = ("run", "status", "init", "install-simd")
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nano-patch", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run a Python script or module with nano-patch switched on")
+    run = sub.add_parser(
+        "run", help="run a Python script or module with nano-patch switched on",
+        usage="nano-patch run [OPTIONS] (SCRIPT | -m MODULE) [ARGS ...]",
+        description="Run a script or module as `python` would, patched. Options go before the script; "
+                    "everything after it is the script's own.")
+    run.add_argument("--fast", action="store_true",
+                     help="everything that measured faster here: bf16 where the CPU has native bf16, channels-last "
+                          "for models with 4-D convolutions, the `nano-patch init` environment; explicit options win")
+    run.add_argument("--report", nargs="?", const="-", metavar="PATH",
+                     help="at the end, print what the patches did and where the time went; also write it as JSON "
+                          "to PATH")
     run.add_argument("--tune-env", action="store_true", help="apply `nano-patch init` settings to the program")
     run.add_argument("-m", dest="module", help="run a library module as a script, like python -m")
+    opts = run.add_argument_group("nano-patch options",
+                                  "each is also a NANO_PATCH_* environment variable; a flag wins over it")
+    for field in config.FIELDS:
+        flag = "--" + field.replace("_", "-")
+        text = f"{config.DESCRIPTIONS[field]}; accepted: {config.ACCEPTED[field]} ({config.env_name(field)})"
+        if field in config.BOOLEAN_FIELDS:
+            opts.add_argument(flag, dest=field, action=argparse.BooleanOptionalAction, default=None,
+                              help=text.replace("%", "%%"))
+        elif field == "auto_lr":
+            opts.add_argument(flag, dest=field, nargs="?", const="true", default=None, metavar="JSON",
+                              help=text.replace("%", "%%"))
+        else:
+            metavar = {"num_processes": "N|auto", "cpu_for_each_process": "'0,1;2,3'", "precision": "32|bf16"}
+            opts.add_argument(flag, dest=field, default=None, metavar=metavar.get(field, "VALUE"),
+                              help=text.replace("%", "%%"))
     run.add_argument("args", nargs=argparse.REMAINDER, help="script path and its arguments")
     st = sub.add_parser("status", help="list every patch and the CPU features that matter")
     st.add_argument("--json", action="store_true")
@@ -48,8 +76,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     return simd.main(undo=args.undo, check_only=args.check)
 
 
+def run_options(args: argparse.Namespace) -> dict[str, object]:
+    """The explicit options of a `nano-patch run` command line (flags over the preset)."""
+    explicit = {f: getattr(args, f) for f in config.FIELDS if getattr(args, f) is not None}
+    if args.fast:
+        from . import preset
+
+        chosen, _ = preset.fast_options()
+        explicit = {**chosen, **explicit}
+    return explicit
+
+
 def _run(args: argparse.Namespace) -> int:
-    from . import patch_torch
+    from . import patch_torch, session
+    from .train import shutdown
 
     rest = list(args.args)
     if rest and rest[0] == "--":
@@ -57,20 +97,70 @@ def _run(args: argparse.Namespace) -> int:
     if args.module is None and not rest:
         print("nano-patch run: give a script path or -m module", file=sys.stderr)
         return 2
-    if args.tune_env:
+    explicit = run_options(args)
+    if args.fast or args.tune_env:
         from . import envtune
 
+        if envtune.needs_reexec(os.environ):
+            # A preloaded allocator only takes effect in a new process: start this one again with it.
+            env = dict(os.environ)
+            envtune.apply_to(env)
+            os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
         envtune.apply_to(os.environ)
-    patch_torch()  # also sets the variable that patches the children it starts
-    if args.module is not None:
-        sys.argv = [args.module, *rest]
-        runpy.run_module(args.module, run_name="__main__", alter_sys=True)
+        if args.fast:
+            from . import preset
+
+            print(preset.fast_options()[1], file=sys.stderr)
+    if args.report is not None:
+        import tempfile
+
+        from . import report
+
+        # Every process of the run (ranks, DataLoader workers) writes its figures here.
+        os.environ[report.REPORT_DIR_ENV] = tempfile.mkdtemp(prefix="nano-patch-report-")
+    try:
+        patch_torch(**explicit)  # also sets the variable that patches the children it starts
+    except config.ConfigError as exc:
+        print(f"nano-patch run: {exc}", file=sys.stderr)
+        return 2
+    session.start_run(explicit, args.report)
+    code = 0
+    try:
+        if args.module is not None:
+            sys.argv = [args.module, *rest]
+            runpy.run_module(args.module, run_name="__main__", alter_sys=True)
+        else:
+            script = rest[0]
+            sys.argv = [script, *rest[1:]]
+            sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        code = _exit_status(exc.code)
+    except KeyboardInterrupt:
+        shutdown.mark_failed()
+        code = 130
+    except BaseException:  # noqa: BLE001 - the script's own error: print it as Python would, then end the run
+        shutdown.mark_failed()
+        traceback.print_exc()
+        code = 1
+    if code == 0:
+        shutdown.destroy_after_clean_finish()
+        for pid, status in shutdown.wait_for_child_ranks():
+            print(f"nano-patch run: rank process {pid} ended with status {status}", file=sys.stderr)
+            code = 1
     else:
-        script = rest[0]
-        sys.argv = [script, *rest[1:]]
-        sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-        runpy.run_path(script, run_name="__main__")
-    return 0
+        shutdown.mark_failed()
+    session.finish(print_notices=code == 0)
+    return code
+
+
+def _exit_status(value: object) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value
+    print(value, file=sys.stderr)
+    return 1
 
 
 def _status(as_json: bool) -> int:

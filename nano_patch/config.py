@@ -46,6 +46,21 @@ class Options:
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(Options))
+BOOLEAN_FIELDS = ("vision", "dataloader", "trainer", "channels_last", "scaled_decode", "uint8_batches")
+
+# What each option does, for `nano-patch run --help`.
+DESCRIPTIONS = {
+    "vision": "accelerated torchvision datasets and transforms",
+    "dataloader": "DataLoader thread caps, worker defaults and uint8 batches",
+    "trainer": "BigDL-Nano's Trainer arguments",
+    "num_processes": "multi-instance CPU data-parallel training: processes per node",
+    "cpu_for_each_process": "explicit cores for each process",
+    "precision": "bf16 = autocast to bfloat16 on the CPU; 32 = fp32",
+    "channels_last": "model and 4-D batch tensors in channels-last memory format",
+    "auto_lr": "learning rate x world size, with a linear warmup",
+    "scaled_decode": "DCT-domain JPEG downscale before a first Resize (outside parity bars)",
+    "uint8_batches": "DataLoader workers send uint8 images; batches are converted in the main process",
+}
 
 # What each option accepts, for error messages and the README table.
 ACCEPTED = {
@@ -152,7 +167,7 @@ def validate(name: str, value: Any, source: str = "argument") -> Any:
     """Validate and normalise one option value; raise :class:`ConfigError` naming it otherwise."""
     if name not in ACCEPTED:
         raise ConfigError(f"unknown nano-patch option {name!r}; accepted options: {', '.join(FIELDS)}")
-    if name in ("vision", "dataloader", "trainer", "channels_last", "scaled_decode", "uint8_batches"):
+    if name in BOOLEAN_FIELDS:
         return _bool(name, value, source)
     if name == "num_processes":
         return _num_processes(value, source)

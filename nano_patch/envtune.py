@@ -89,5 +89,11 @@ def apply_to(environ: MutableMapping[str, str]) -> None:
         if k == "LD_PRELOAD":
             continue  # only takes effect in a new process; children inherit it below
         environ.setdefault(k, v)
-    if "LD_PRELOAD" in env:
+    if "LD_PRELOAD" in env and env["LD_PRELOAD"] not in environ.get("LD_PRELOAD", "").split():
         environ["LD_PRELOAD"] = " ".join(filter(None, [environ.get("LD_PRELOAD", ""), env["LD_PRELOAD"]]))
+
+
+def needs_reexec(environ: Mapping[str, str]) -> bool:
+    """True when an allocator should be preloaded and this process started without it."""
+    env, _ = settings()
+    return "LD_PRELOAD" in env and env["LD_PRELOAD"] not in environ.get("LD_PRELOAD", "").split()

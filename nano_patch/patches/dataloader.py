@@ -13,6 +13,7 @@ import inspect
 from types import ModuleType
 from typing import Any, ClassVar
 
+from .. import report
 from ..config import Options
 from ..registry import Patch
 
@@ -45,12 +46,12 @@ class DataLoaderPatch(Patch):
             if "num_workers" not in given and not iterable:
                 extra["num_workers"] = workers.auto_num_workers(dataset)
             num_workers = given.get("num_workers", extra.get("num_workers", 0))
-            spec = None
+            spec, why = None, "num_workers=0: nothing crosses processes"
             if num_workers > 0:
                 user_init = given.get("worker_init_fn")
                 if isinstance(user_init, workers.WorkerInit):  # Lightning re-creating a patched loader
                     user_init = user_init.user_fn
-                spec = _uint8_spec(given, options)
+                spec, why = _uint8_spec(given, options)
                 extra["worker_init_fn"] = workers.WorkerInit(user_init, uint8=spec is not None)
                 if "persistent_workers" not in given:
                     extra["persistent_workers"] = True
@@ -65,23 +66,34 @@ class DataLoaderPatch(Patch):
                 result = wrapped(**merged)
             else:
                 result = wrapped(*args, **kwargs)
-            instance._nano_uint8 = spec
+            instance._nano_uint8, instance._nano_uint8_why = spec, why
             return result
 
         def iter_(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            iterator = wrapped(*args, **kwargs)
+            iterator = loader_iterator = wrapped(*args, **kwargs)
             spec = getattr(instance, "_nano_uint8", None)
-            return iterator if spec is None else batches.Uint8Batches(iterator, spec)
+            if spec is not None:
+                iterator = batches.Uint8Batches(iterator, spec)
+            if report.stats is not None:
+                if instance.num_workers > 0:  # without workers nothing crosses processes: no path to count
+                    why = getattr(instance, "_nano_uint8_why", "")
+                    report.stats.count("dataloader", spec is not None, why)
+                iterator = report.TimedBatches(iterator, instance.num_workers, loader_iterator)
+            return iterator
 
-        def _uint8_spec(given: dict[str, Any], opts: Options) -> batches.BatchSpec | None:
-            if not opts.uint8_batches or given.get("collate_fn") not in (None, module.default_collate):
-                return None
+        def _uint8_spec(given: dict[str, Any], opts: Options) -> tuple[batches.BatchSpec | None, str]:
+            if not opts.uint8_batches:
+                return None, "uint8_batches is off: float batches"
+            if given.get("collate_fn") not in (None, module.default_collate):
+                return None, "the loader's own collate_fn: float batches"
             if given.get("batch_size", 1) is None and given.get("batch_sampler") is None:
-                return None  # no automatic batching: samples reach the loop one by one, as stock made them
+                # No automatic batching: samples reach the loop one by one, as stock made them.
+                return None, "batch_size=None: float samples"
             found = batches.uint8_transform(given.get("dataset"))
             if found is None:
-                return None
-            return dataclasses.replace(found[1], channels_last=opts.channels_last)
+                return None, ("the dataset is not an image folder with a stock Compose ending in ToTensor "
+                              "(and Normalize): float batches")
+            return dataclasses.replace(found[1], channels_last=opts.channels_last), "uint8 batches"
 
         self.record.wrap(module.DataLoader, "__init__", init)
         self.record.wrap(module.DataLoader, "__iter__", iter_)

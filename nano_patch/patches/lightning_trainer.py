@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 from ..config import ConfigError, Options
 from ..registry import NanoPatchWarning, Patch
+from ..train.legacy import pop_legacy
 
 log = logging.getLogger("nano_patch")
 
@@ -65,12 +66,14 @@ class LightningTrainerPatch(Patch):
         @functools.wraps(original)
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             nano = {k: kwargs.pop(k) for k in NANO_ARGS if k in kwargs}
-            original(self, *args, **translate(pl, kwargs, nano))
+            legacy = pop_legacy(kwargs)
+            original(self, *args, **translate(pl, kwargs, nano, legacy))
 
         __init__.__signature__ = _signature(original)  # type: ignore[attr-defined]
         __init__.__doc__ = _docstring(original.__doc__)
         self.record.replace(Trainer, "__init__", __init__)
         self.record.replace(Trainer, "compile", staticmethod(compile_for(pl)))
+        self.record.wrap(Trainer, "fit", _noting_fit)
 
     def _revert(self) -> None:
         while self._registered:
@@ -119,29 +122,68 @@ def _docstring(doc: str | None) -> str | None:
     return doc + _ARG_DOCS if at < 0 else doc[:at] + _ARG_DOCS.rstrip("\n") + "\n" + doc[at:]
 
 
-def translate(pl: ModuleType, kwargs: dict[str, Any], nano: dict[str, Any]) -> dict[str, Any]:
-    """Turn BigDL-Nano's arguments (and the environment defaults) into stock Trainer arguments."""
+def _noting_fit(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    from .. import session
     from ..train import callbacks
+
+    model = args[0] if args else kwargs.get("model")
+    if model is not None:
+        channels_last = any(type(c).__name__.startswith("ChannelsLast") and type(c).__module__ == callbacks.__name__
+                            for c in instance.callbacks)
+        session.note_training("Trainer", model, str(instance.precision), channels_last and callbacks.has_conv2d(model))
+    return wrapped(*args, **kwargs)
+
+
+def translate(pl: ModuleType, kwargs: dict[str, Any], nano: dict[str, Any],
+              legacy: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Turn BigDL-Nano's arguments (and the run-level defaults) into stock Trainer arguments.
+
+    ``nano``: the nano arguments given to this ``Trainer(...)`` call; ``legacy``: BigDL-Nano and
+    Lightning 1.x arguments (``train/legacy.py``). A run-level setting (``patch_torch()`` option,
+    ``nano-patch run`` flag, ``NANO_PATCH_*``) wins over the stock arguments a script passes
+    (``devices=1``, ``precision=32``), with a log line; two arguments of this very call that
+    contradict each other are an error.
+    """
+    import torch
+
+    from .. import report
+    from ..train import callbacks
+    from ..train import legacy as legacy_mod
     from ..train import strategy as strategy_mod
     from ..train.plan import resolve_plan
 
     plan = resolve_plan(nano, what="Trainer argument")
+    start_method = legacy_mod.translate(kwargs, legacy or {}, plan.multi_instance, torch.cuda.is_available())
     precision = kwargs.get("precision")
     if isinstance(precision, str) and precision.strip().lower() == "bf16":
-        kwargs["precision"] = "bf16-mixed"
-    elif precision is None and plan.precision is not None:
-        kwargs["precision"] = "bf16-mixed" if plan.precision == "bf16" else "32-true"
+        kwargs["precision"] = precision = "bf16-mixed"
+    if plan.precision is not None:
+        wanted = "bf16-mixed" if plan.precision == "bf16" else "32-true"
+        if precision is not None and str(precision) not in (wanted, plan.precision):
+            log.warning("nano-patch: precision=%r for this run wins over the script's precision=%r", wanted, precision)
+        if precision is None or str(precision) != wanted:
+            kwargs["precision"] = wanted
     if str(kwargs.get("precision", "")).startswith("bf16") and kwargs.get("accelerator", "cpu") == "cpu":
         warn_bf16_once()
 
     if plan.multi_instance:
-        kwargs = _multi_instance(pl, kwargs, plan.num_processes, plan.cpu_for_each_process, strategy_mod)
+        # LightningCLI passes every signature argument, the unset ones as None.
+        run_level = nano.get("num_processes") is None and nano.get("cpu_for_each_process") is None
+        kwargs = _multi_instance(pl, kwargs, plan.num_processes, plan.cpu_for_each_process, strategy_mod,
+                                 run_level, start_method)
 
     extra_callbacks = []
     if plan.channels_last:
         extra_callbacks.append(callbacks.channels_last_callback(pl)())
     if plan.auto_lr:
         extra_callbacks.append(callbacks.auto_lr_callback(pl)(plan.warmup_epochs))
+    if report.stats is not None:
+        from ..train import profiling
+
+        if kwargs.get("profiler") is None:
+            kwargs["profiler"] = profiling.quiet_profiler(pl)()
+        extra_callbacks.append(profiling.report_callback(pl)())
+        report.stats.count(f"trainer[{pl.__name__}]", True, _describe(kwargs, plan))
     if extra_callbacks:
         given = kwargs.get("callbacks")
         given = [] if given is None else [given] if not isinstance(given, list) else list(given)
@@ -149,30 +191,52 @@ def translate(pl: ModuleType, kwargs: dict[str, Any], nano: dict[str, Any]) -> d
     return kwargs
 
 
-def _multi_instance(pl: ModuleType, kwargs: dict[str, Any], n: int, cores: Any, strategy_mod: ModuleType) -> dict:
+def _describe(kwargs: dict[str, Any], plan: Any) -> str:
+    parts = [f"precision={kwargs.get('precision', '32-true')}"]
+    if plan.multi_instance:
+        parts.append(f"{plan.num_processes} pinned CPU processes")
+    if plan.channels_last:
+        parts.append("channels-last")
+    if plan.auto_lr:
+        parts.append("auto_lr")
+    return f"Trainer({', '.join(parts)})"
+
+
+#: Strategies a run-level num_processes replaces: what a script names for plain data parallelism.
+_REPLACEABLE_STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_fork", "ddp_notebook")
+
+
+def _multi_instance(pl: ModuleType, kwargs: dict[str, Any], n: int, cores: Any, strategy_mod: ModuleType,
+                    run_level: bool = False, start_method: str | None = None) -> dict:
     from ..train.plan import default_start_method
 
     cls = strategy_mod.strategy_class(pl)
+    source = "for this run" if run_level else "Trainer argument"
     devices = kwargs.get("devices", "auto")
     if devices not in ("auto", n, str(n)) and devices != [n]:
-        raise ConfigError(f"Trainer arguments num_processes={n} and devices={devices!r} conflict; give one of them")
+        if not run_level:
+            raise ConfigError(f"Trainer arguments num_processes={n} and devices={devices!r} conflict; give one of them")
+        log.warning("nano-patch: num_processes=%d for this run wins over the script's devices=%r", n, devices)
     accelerator = kwargs.get("accelerator", "auto")
     acc_name = accelerator if isinstance(accelerator, str) else type(accelerator).__name__.lower()
     if acc_name not in ("auto", "cpu", "cpuaccelerator"):
         raise ConfigError(
-            f"Trainer arguments num_processes={n} (CPU processes) and accelerator={accelerator!r} conflict; "
+            f"num_processes={n} ({source}: CPU processes) and Trainer argument accelerator={accelerator!r} conflict; "
             "num_processes runs on the CPU"
         )
     strategy = kwargs.get("strategy", "auto")
-    start_method = default_start_method()
+    start_method = start_method or default_start_method()
     if isinstance(strategy, str) and strategy in strategy_mod.STRATEGY_NAMES:
         start_method = strategy_mod.STRATEGY_NAMES[strategy]
     elif isinstance(strategy, cls):
         kwargs["accelerator"], kwargs["devices"] = "cpu", n
         return kwargs
+    elif run_level and isinstance(strategy, str) and strategy in _REPLACEABLE_STRATEGIES:
+        if strategy != "auto":
+            log.warning("nano-patch: num_processes=%d for this run wins over the script's strategy=%r", n, strategy)
     elif strategy != "auto":
         raise ConfigError(
-            f"Trainer arguments num_processes={n} and strategy={strategy!r} conflict; num_processes uses "
+            f"num_processes={n} ({source}) and Trainer argument strategy={strategy!r} conflict; num_processes uses "
             f"nano-patch's strategy ({', '.join(strategy_mod.STRATEGY_NAMES)})"
         )
     kwargs["accelerator"], kwargs["devices"] = "cpu", n

@@ -12,10 +12,12 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any, ClassVar
 
+from .. import report
 from ..config import Options
 from ..registry import Patch
 
@@ -60,7 +62,11 @@ def _loader_adapter(
         if len(args) != 1 or kwargs or loader not in known or torchvision.get_image_backend() != "PIL":
             return wrapped(*args, **kwargs)
         path, target = sample_of(instance, args[0])
+        stats = report.stats
+        start = time.perf_counter() if stats is not None else 0.0
         sample = loading.load_transformed(path, instance.transform)
+        if stats is not None:
+            stats.add_seconds("load", time.perf_counter() - start)
         if instance.target_transform is not None:
             target = instance.target_transform(target)
         return sample, target

@@ -15,10 +15,12 @@ Functions are redirected in place (``AttributeRecord.redirect``): each stays the
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any, ClassVar
 
+from .. import report
 from ..config import Options
 from ..registry import Patch, stock_copy
 
@@ -66,8 +68,9 @@ def _backend_wrapper(original: Callable[..., Any], kernel: Callable[..., Any], p
     from ..vision import functional as K
 
     name = original.__name__
+    counted = not name.startswith("get_")  # size queries do no pixel work
 
-    def patched(img: Any, *args: Any, **kwargs: Any) -> Any:
+    def route(img: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if K.is_image_array(img):
             return kernel(img, *args, **kwargs)
         if pil_too and isinstance(img, Image.Image) and img.mode in ("RGB", "L"):
@@ -75,6 +78,20 @@ def _backend_wrapper(original: Callable[..., Any], kernel: Callable[..., Any], p
                 return original(img, *args, **kwargs)
             return K.to_pil(kernel(K.from_pil(img), *args, **kwargs))
         return original(img, *args, **kwargs)
+
+    def patched(img: Any, *args: Any, **kwargs: Any) -> Any:
+        stats = report.stats
+        if stats is None:
+            return route(img, args, kwargs)
+        # The run report: resizes are timed, images the kernels do not take are counted.
+        start = time.perf_counter()
+        if counted and isinstance(img, Image.Image) and img.mode not in ("RGB", "L"):
+            stats.count("vision_transforms", False, f"PIL images of mode {img.mode!r}: stock PIL code")
+        try:
+            return route(img, args, kwargs)
+        finally:
+            if name == "resize":
+                stats.add_seconds("resize", time.perf_counter() - start)
 
     return patched
 
@@ -201,6 +218,9 @@ class VisionTransformsPatch(Patch):
                 img = args[0]
                 if K.is_image_array(img) or (isinstance(img, Image.Image) and img.mode in ("RGB", "L")):
                     return pipeline.run_compose(instance, img)
+                if report.stats is not None:
+                    kind = f"PIL {img.mode!r}" if isinstance(img, Image.Image) else type(img).__name__
+                    report.count("vision_transforms", False, f"Compose on {kind} input: stock torchvision code")
             return wrapped(*args, **kwargs)
 
         self.record.wrap(module.Compose, "__call__", compose_call)

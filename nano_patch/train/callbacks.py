@@ -32,31 +32,47 @@ def to_channels_last(batch: Any) -> Any:
     return batch
 
 
+def has_conv2d(model: Any) -> bool:
+    """True if the model has 4-D weights (2-D convolutions): the only models channels-last changes."""
+    parameters = getattr(model, "parameters", None)
+    return parameters is not None and any(p.dim() == 4 for p in parameters())
+
+
 def channels_last_callback(pl: ModuleType) -> type:
     key = (pl.__name__, "ChannelsLast")
     if key not in _classes:
         import torch
 
         class ChannelsLast(pl.Callback):
-            """Puts the model in channels-last memory format before the DDP wrap, and each batch too."""
+            """Puts a model with 2-D convolutions in channels-last memory format before the DDP wrap, and each
+            batch too. Other models (no 4-D weights) are left as they are."""
+
+            def __init__(self) -> None:
+                self.active = False
 
             def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-                pl_module.to(memory_format=torch.channels_last)
+                self.active = has_conv2d(pl_module)
+                if self.active:
+                    pl_module.to(memory_format=torch.channels_last)
+
+            def _batch(self, batch: Any) -> None:
+                if self.active:
+                    to_channels_last(batch)
 
             def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-                to_channels_last(batch)
+                self._batch(batch)
 
             def on_validation_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int,
                                           dataloader_idx: int = 0) -> None:
-                to_channels_last(batch)
+                self._batch(batch)
 
             def on_test_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int,
                                     dataloader_idx: int = 0) -> None:
-                to_channels_last(batch)
+                self._batch(batch)
 
             def on_predict_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int,
                                        dataloader_idx: int = 0) -> None:
-                to_channels_last(batch)
+                self._batch(batch)
 
         _classes[key] = name_class(ChannelsLast, __name__, "ChannelsLast", pl.__name__)
     return _classes[key]

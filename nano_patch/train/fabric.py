@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..config import ConfigError
-from . import callbacks
+from . import callbacks, shutdown
 from . import strategy as strategy_mod
 from .plan import TrainingPlan, default_start_method, resolve_plan
 
@@ -158,9 +158,14 @@ class TorchNano(_fabric.Fabric):
         odd = [type(o).__name__ for o in objects if not isinstance(o, (torch.optim.Optimizer, DataLoader))]
         if odd:
             raise TypeError(f"setup() takes a model, then optimizers and DataLoaders; got {', '.join(odd)}")
-        if self.plan.channels_last:
+        channels_last = self.plan.channels_last and callbacks.has_conv2d(module)
+        if channels_last:
             module.to(memory_format=torch.channels_last)
             module.register_forward_pre_hook(_channels_last_inputs, with_kwargs=True)
+        if self.global_rank == 0:
+            from .. import session
+
+            session.note_training(type(self).__name__, module, self.plan.precision or "32", channels_last)
         if self.plan.auto_lr and self.world_size > 1:
             callbacks.scale_lrs(optimizers, [scheduler] if scheduler is not None else [], self.world_size)
             for opt in optimizers:
@@ -216,6 +221,9 @@ def _run_in_rank(nano: TorchNano, *args: Any, **kwargs: Any) -> Any:
     nano._in_rank = True
     try:
         return nano.train(*args, **kwargs)
+    except BaseException:
+        shutdown.mark_failed()  # leave the process group alone: another rank may never reach its end
+        raise
     finally:
         nano._in_rank = False
 

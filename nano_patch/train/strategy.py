@@ -12,7 +12,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from . import FABRIC, LIGHTNING, find_class, name_class, topology
+from . import FABRIC, LIGHTNING, find_class, name_class, shutdown, topology
 
 log = logging.getLogger("nano_patch")
 
@@ -65,7 +65,14 @@ class PinnedCores:
     def setup_environment(self) -> None:
         self.pinned_cores = pin_rank(self.local_rank, self.num_processes,  # type: ignore[attr-defined]
                                      self.cpu_for_each_process, self.global_rank)  # type: ignore[attr-defined]
+        shutdown.watch(self)
         super().setup_environment()  # type: ignore[misc]
+
+    def on_exception(self, exception: BaseException) -> None:
+        shutdown.mark_failed()
+        parent = getattr(super(), "on_exception", None)
+        if parent is not None:
+            parent(exception)
 
 
 def _per_namespace(module: ModuleType, build: Callable[[ModuleType], type]) -> type:

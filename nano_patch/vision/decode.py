@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from .. import report
+
 _JPEG_SOI = b"\xff\xd8\xff"
 
 
@@ -66,10 +68,38 @@ def decode_rgb(
         if min_size is not None:
             kwargs.update(min_height=int(min_size[0]), min_width=int(min_size[1]))
         try:
-            return sj.decode_jpeg(data, strict=True, **kwargs)
+            arr = sj.decode_jpeg(data, strict=True, **kwargs)
         except ValueError:
             pass  # truncated or corrupt: PIL decides, so the error (or LOAD_TRUNCATED_IMAGES) is stock
+        else:
+            if report.stats is not None:
+                report.stats.count("vision_datasets", True, "JPEG decoded by libjpeg-turbo")
+            return arr
+    if report.stats is not None:
+        report.stats.count("vision_datasets", False, why_pil(data))
     return np.asarray(pil_open_rgb(path))
+
+
+_MAGIC = ((b"\x89PNG", "PNG"), (b"GIF8", "GIF"), (b"BM", "BMP"), (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"))
+
+
+def why_pil(data: bytes) -> str:
+    """Why a file went to PIL rather than libjpeg-turbo, for the run report."""
+    if data.startswith(_JPEG_SOI):
+        sj = _simplejpeg()
+        try:
+            colorspace = sj.decode_jpeg_header(data)[2] if sj is not None else None
+        except ValueError:
+            colorspace = None
+        if colorspace in ("CMYK", "YCCK"):
+            return f"{colorspace} JPEG: decoded by PIL"
+        return "damaged or unusual JPEG: decoded by PIL"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WebP files: decoded by PIL"
+    for magic, name in _MAGIC:
+        if data.startswith(magic):
+            return f"{name} files: decoded by PIL"
+    return "other image formats: decoded by PIL"
 
 
 def decode_jpeg_native(path: str | os.PathLike[str]) -> np.ndarray | None:
@@ -78,14 +108,19 @@ def decode_jpeg_native(path: str | os.PathLike[str]) -> np.ndarray | None:
     the caller then opens the file with PIL as stock does."""
     data = read_bytes(path)
     header = _jpeg_header(data)
-    if header is None:
-        return None
-    gray = header[2] == "Gray"
-    try:
-        arr = _simplejpeg().decode_jpeg(data, colorspace="GRAY" if gray else "RGB", strict=True)
-    except ValueError:
-        return None  # truncated or corrupt: PIL decides
-    return arr[:, :, 0] if gray else arr
+    arr = None
+    if header is not None:
+        gray = header[2] == "Gray"
+        try:
+            arr = _simplejpeg().decode_jpeg(data, colorspace="GRAY" if gray else "RGB", strict=True)
+        except ValueError:
+            pass  # truncated or corrupt: PIL decides
+        else:
+            arr = arr[:, :, 0] if gray else arr
+    if report.stats is not None:
+        report.stats.count("vision_datasets", arr is not None,
+                           "JPEG decoded by libjpeg-turbo" if arr is not None else why_pil(data))
+    return arr
 
 
 def pil_open_rgb(path: str | os.PathLike[str]) -> Image.Image:

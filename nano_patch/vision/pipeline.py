@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from .. import report
 from . import functional as K
 
 _capable: tuple[type, ...] = ()
@@ -139,9 +140,12 @@ def run(transforms: Sequence[Callable[..., Any]], img: Any, *, stands_for_pil: b
         if K.is_image_array(x) or _is_pil_rgb_or_l(x):
             return _uint8_chw(x)
         return run(uint8_tail, x)
+    stats = report.stats
     i = 0
     while i < len(items):
         t = items[i]
+        if stats is not None:
+            _count(stats, t, i)
         if accepts_arrays(t):
             if _is_pil_rgb_or_l(x):
                 x = K.from_pil(x)
@@ -165,6 +169,15 @@ def run(transforms: Sequence[Callable[..., Any]], img: Any, *, stands_for_pil: b
     if array_out and _is_pil_rgb_or_l(x):
         return np.asarray(x)
     return x
+
+
+def _count(stats: report.Stats, t: Any, position: int) -> None:
+    name = type(t).__name__
+    if accepts_arrays(t):
+        stats.count("vision_transforms", True, name)
+    else:
+        stats.count("vision_transforms", False,
+                    f"`{name}` at position {position} of the Compose: images left the fast path there")
 
 
 def _uint8_chw(x: Any) -> Any:
