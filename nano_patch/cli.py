@@ -26,9 +26,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--fast", action="store_true",
                      help="everything that measured faster here: bf16 where the CPU has native bf16, channels-last "
                           "for models with 4-D convolutions, the `nano-patch init` environment; explicit options win")
-    run.add_argument("--report", nargs="?", const="-", metavar="PATH",
+    run.add_argument("--report", nargs="?", const="-", metavar="PATH.json",
                      help="at the end, print what the patches did and where the time went; also write it as JSON "
-                          "to PATH")
+                          "to PATH.json")
     run.add_argument("--tune-env", action="store_true", help="apply `nano-patch init` settings to the program")
     run.add_argument("-m", dest="module", help="run a library module as a script, like python -m")
     opts = run.add_argument_group("nano-patch options",
@@ -92,6 +92,9 @@ def _run(args: argparse.Namespace) -> int:
     from .train import shutdown
 
     rest = list(args.args)
+    if args.report not in (None, "-") and not args.report.endswith(".json"):
+        rest.insert(0, args.report)  # `--report train.py`: the script, not a report path
+        args.report = "-"
     if rest and rest[0] == "--":
         rest = rest[1:]
     if args.module is None and not rest:

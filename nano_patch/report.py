@@ -266,6 +266,16 @@ def compose(wall_time: float, patch_rows: list[dict[str, Any]], unused_knobs: li
             "unused_knobs": unused_knobs, "advice": advice}
 
 
+def discard() -> None:
+    """The report is out: stop counting and remove the run's folder."""
+    global stats
+    if stats is not None:
+        import shutil
+
+        directory, stats = stats.directory, None
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def render(report: dict[str, Any]) -> str:
     """The report as a few lines of text."""
     lines = ["nano-patch report", f"  wall time: {report['wall_time_s']:.1f} s"]

@@ -120,6 +120,9 @@ def finish(print_notices: bool = True) -> dict[str, Any] | None:
         if _run["report"] != "-":
             with open(_run["report"], "w") as f:
                 json.dump(result, f, indent=2)
+        from . import report
+
+        report.discard()
     elif print_notices:
         for line in unused_knobs():
             print(f"nano-patch: {line}", file=out)

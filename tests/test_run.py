@@ -163,6 +163,10 @@ def test_unused_training_knobs_are_named_once_at_exit_of_a_plain_loop(tmp_path):
     assert_clean_exit(proc)
     unused = json.loads(out.read_text())["unused_knobs"]
     assert len(unused) == 1 and "precision='bf16'" in unused[0]
+    # `--report` right before the script takes no path: the script is not mistaken for one.
+    proc = _nano_run(tmp_path, "--report", str(SCRIPTS / "digits_plain.py"), str(tmp_path))
+    assert_clean_exit(proc)
+    assert "nano-patch report" in proc.stderr
 
 
 def _report_folder(src: Path, dst: Path) -> tuple[int, int]:
