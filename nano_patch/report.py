@@ -177,28 +177,29 @@ class TimedBatches:
         return getattr(self._iterator, name)
 
 
+def _read_all(directory: str, pattern: str) -> list[dict[str, Any]]:
+    """Every readable JSON file matching ``pattern``; one half-written by a dying process is skipped."""
+    found = []
+    for path in sorted(glob.glob(os.path.join(directory, pattern))):
+        try:
+            with open(path) as f:
+                found.append(json.load(f))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
 def _merge(directory: str) -> tuple[Counter, Counter, Counter, dict[str, Any] | None]:
     counts: Counter[tuple[str, bool, str]] = Counter()
     seconds: Counter[str] = Counter()
     loader: Counter[str] = Counter()
-    training = None
-    for path in sorted(glob.glob(os.path.join(directory, "counts-*.json"))):
-        try:
-            with open(path) as f:
-                data = json.load(f)
-        except (OSError, ValueError):
-            continue
+    for data in _read_all(directory, "counts-*.json"):
         for p, fast, reason, n in data.get("counts", []):
             counts[(p, bool(fast), reason)] += int(n)
         seconds.update(data.get("seconds", {}))
         for k, v in data.get("loader", {}).items():
             loader[k] = max(loader[k], v) if k == "max_workers" else loader[k] + v
-    for path in sorted(glob.glob(os.path.join(directory, "lightning-*.json"))):
-        try:
-            with open(path) as f:
-                training = json.load(f)
-        except (OSError, ValueError):
-            continue
+    training = (_read_all(directory, "lightning-*.json") or [None])[-1]
     return counts, seconds, loader, training
 
 
