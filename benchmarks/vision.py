@@ -32,6 +32,10 @@ PIPELINES = {
     "b": "RandomResizedCrop(224), RandomHorizontalFlip(), ToTensor(), Normalize()",
     "c": "Resize(256), CenterCrop(224), ToTensor(), Normalize()",
     "d": "RandomResizedCrop(224), RandomHorizontalFlip(), RandAugment(), ToTensor(), Normalize()",
+    "v2 b": "transforms.v2: RandomResizedCrop(224), RandomHorizontalFlip(), PILToTensor(), ToDtype(float32, "
+            "scale=True), Normalize(), on PIL images",
+    "v2 b, tensors first": "transforms.v2: PILToTensor(), RandomResizedCrop(224), RandomHorizontalFlip(), "
+                           "ToDtype(float32, scale=True), Normalize()",
 }
 
 
@@ -73,6 +77,19 @@ def torchvision_pipelines():
         "b": T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), norm]),
         "c": T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), norm]),
         "d": T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.RandAugment(), T.ToTensor(), norm]),
+        **v2_pipelines(),
+    }
+
+
+def v2_pipelines():
+    import torch
+    import torchvision.transforms.v2 as v2
+
+    to_float = [v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]
+    return {
+        "v2 b": v2.Compose([v2.RandomResizedCrop(224), v2.RandomHorizontalFlip(), v2.PILToTensor(), *to_float]),
+        "v2 b, tensors first": v2.Compose([v2.PILToTensor(), v2.RandomResizedCrop(224), v2.RandomHorizontalFlip(),
+                                           *to_float]),
     }
 
 
@@ -192,7 +209,8 @@ def chart(result: dict, path: Path) -> None:
         vals = [res["pet"][n].get(key, 0) for n in names]
         ax.bar([x + i * width for x in range(len(names))], vals, width, label=label)
     ax.axhline(plain["pet_decode_only"], color="k", ls="--", lw=1, label="decode only (simplejpeg)")
-    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(names))], [f"({n})" for n in names])
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(names))],
+                  [n.replace(", ", "\n") if n.startswith("v2") else f"({n})" for n in names])
     ax.set_ylabel("images / s, one core")
     ax.set_title(f"torchvision pipelines from JPEG, 300-500 px photos\n{result['machine']}")
     ax.legend(fontsize=8)
@@ -255,8 +273,9 @@ def table(result: dict) -> str:
         p = plain["pet"][n]
         s = simd.get("pet", {}).get(n, {})
         best = s.get("patched", p["patched"])
+        label = n if n.startswith("v2") else f"({n})"
         lines.append(
-            f"| ({n}) | {p['stock']:.0f} | {p['patched']:.0f} ({p['patched'] / p['stock']:.2f}x) | "
+            f"| {label} | {p['stock']:.0f} | {p['patched']:.0f} ({p['patched'] / p['stock']:.2f}x) | "
             f"{s.get('stock', float('nan')):.0f} | {s.get('patched', float('nan')):.0f} | "
             f"{p.get('albumentations', float('nan')):.0f} | {best / p['stock']:.2f}x | "
             f"{best / s.get('stock', float('nan')):.2f}x |"

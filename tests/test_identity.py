@@ -63,7 +63,6 @@ def test_early_imports_and_subclasses_see_the_patch(photos):
 
     pipe = Compose([MyResize(64), ColorJitter(0.3)])
     nano_patch.patch_torch()
-    import numpy as np
     from PIL import Image
     from torchvision.transforms import _functional_pil as F_pil
 
@@ -79,7 +78,9 @@ def test_early_imports_and_subclasses_see_the_patch(photos):
         out = pipe(photos[0])
     finally:
         F_pil.resize = patched_resize
-    assert seen == [np.ndarray], "the early-imported Compose/subclass did not take the array path"
+    from nano_patch.vision.image import FastImage
+
+    assert seen == [FastImage], "the early-imported Compose/subclass did not carry a FastImage"
     assert isinstance(out, Image.Image) and min(out.size) == 64
     assert isinstance(pipe.transforms[0], Resize)
 

@@ -10,9 +10,11 @@ def all_patches() -> list[Patch]:
     from .lightning_trainer import LightningTrainerPatch
     from .vision_datasets import VisionDatasetsPatch
     from .vision_transforms import VisionTransformsPatch
+    from .vision_transforms_v2 import VisionTransformsV2Patch
 
     return [
         VisionTransformsPatch(),
+        VisionTransformsV2Patch(),
         VisionDatasetsPatch(),
         DataLoaderPatch(),
         LightningTrainerPatch("pytorch_lightning"),

@@ -2,11 +2,12 @@
 
 Where the patch goes in:
 - ``torchvision.transforms._functional_pil``: the PIL backend every stock ``functional`` function
-  dispatches to. Its functions also accept uint8 arrays, and the hot ones run OpenCV / torch /
-  pillow-simd kernels for RGB and L PIL images too. Argument parsing, matrices and random draws stay
-  in the stock code above it.
+  (v1, and v2's PIL kernels) dispatches to. A ``FastImage`` (``vision/image.py``, a PIL image only
+  the patch makes) runs the kernels on its array; the hot ones run for plain RGB and L PIL images
+  too. Anything else, a user's ``np.ndarray`` included, is stock's to accept or reject. Argument
+  parsing, matrices and random draws stay in the stock code above it.
 - ``functional.to_tensor``, ``pil_to_tensor`` and ``gaussian_blur``, which do not dispatch there.
-- ``Compose.__call__``: keeps images as arrays between accelerated steps (``vision/pipeline.py``).
+- ``Compose.__call__``: carries images as ``FastImage`` between steps (``vision/pipeline.py``).
 
 Functions are redirected in place (``AttributeRecord.redirect``): each stays the same object, so
 ``from torchvision.transforms.functional import to_tensor`` done earlier sees the patch and
@@ -33,7 +34,7 @@ _PIL_BACKEND: dict[str, bool] = {
     "vflip": False,
     "crop": False,
     "pad": False,
-    "resize": True,
+    "resize": False,  # the kernel is PIL's own resize (exact); plain PIL input gains nothing
     "adjust_brightness": True,
     "adjust_contrast": True,
     "adjust_saturation": True,
@@ -51,32 +52,36 @@ _PIL_BACKEND: dict[str, bool] = {
     "perspective": True,
 }
 
-# Stock transform classes whose forward() only calls the functional API on the image.
-_ARRAY_CAPABLE = (
-    "Resize", "CenterCrop", "Pad", "RandomCrop", "RandomHorizontalFlip", "RandomVerticalFlip",
-    "RandomResizedCrop", "FiveCrop", "TenCrop", "ColorJitter", "RandomRotation", "RandomAffine",
-    "Grayscale", "RandomGrayscale", "RandomPerspective", "GaussianBlur", "RandomInvert",
-    "RandomPosterize", "RandomSolarize", "RandomAdjustSharpness", "RandomAutocontrast",
-    "RandomEqualize", "AutoAugment", "RandAugment", "TrivialAugmentWide", "ToTensor", "PILToTensor",
-)
-_CONTAINERS = ("Compose", "RandomApply", "RandomChoice", "RandomOrder")
-
-
 def _backend_wrapper(original: Callable[..., Any], kernel: Callable[..., Any], pil_too: bool) -> Callable[..., Any]:
+    import numpy as np
     from PIL import Image
 
     from ..vision import functional as K
+    from ..vision.image import FastImage
 
     name = original.__name__
     counted = not name.startswith("get_")  # size queries do no pixel work
 
     def route(img: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if K.is_image_array(img):
-            return kernel(img, *args, **kwargs)
-        if pil_too and isinstance(img, Image.Image) and img.mode in ("RGB", "L"):
-            if name == "resize" and not _resize_helps(args, kwargs):
+        # Only the patch's own images and PIL RGB/L take a kernel; everything else, a user's
+        # ndarray included, is stock's to accept or reject. A kernel that raises hands the call to
+        # stock code, which returns its own result or raises its own exception.
+        if isinstance(img, FastImage):
+            a = img.array
+            if a is None and pil_too:
+                a = np.asarray(img)  # PIL took the pixels over (a user function touched them)
+            if a is not None:
+                try:
+                    out = kernel(a, *args, **kwargs)
+                except Exception:  # noqa: BLE001
+                    return original(img, *args, **kwargs)
+                return FastImage.wrap(out) if isinstance(out, np.ndarray) else out
+        elif pil_too and isinstance(img, Image.Image) and img.mode in ("RGB", "L"):
+            try:
+                out = kernel(np.asarray(img), *args, **kwargs)
+            except Exception:  # noqa: BLE001
                 return original(img, *args, **kwargs)
-            return K.to_pil(kernel(K.from_pil(img), *args, **kwargs))
+            return K.to_pil(out) if isinstance(out, np.ndarray) else out
         return original(img, *args, **kwargs)
 
     def patched(img: Any, *args: Any, **kwargs: Any) -> Any:
@@ -96,27 +101,24 @@ def _backend_wrapper(original: Callable[..., Any], kernel: Callable[..., Any], p
     return patched
 
 
-def _resize_helps(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """PIL input: pillow-simd is already the fastest resize; torch's kernel wins over plain Pillow."""
-    from PIL import Image
+def _fast_array(pic: Any) -> Any:
+    """The pixels of a patch-made image, else None (stock code handles everything else)."""
+    from ..vision.image import FastImage
 
-    from .. import sysinfo
-
-    interpolation = args[1] if len(args) > 1 else kwargs.get("interpolation", Image.BILINEAR)
-    return not sysinfo.pillow_is_simd() and interpolation in (Image.BILINEAR, Image.BICUBIC)
+    return pic.array if isinstance(pic, FastImage) else None
 
 
 def _to_tensor_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+    import numpy as np
     from PIL import Image
 
     from ..vision import functional as K
 
     def to_tensor(pic: Any) -> Any:
-        if K.is_image_array(pic):
-            return K.to_tensor(pic)
-        if isinstance(pic, Image.Image) and pic.mode in ("RGB", "L"):
-            return K.to_tensor(K.from_pil(pic))
-        return original(pic)
+        a = _fast_array(pic)
+        if a is None and isinstance(pic, Image.Image) and pic.mode in ("RGB", "L"):
+            a = np.asarray(pic)
+        return original(pic) if a is None else K.to_tensor(a)
 
     return to_tensor
 
@@ -125,26 +127,27 @@ def _pil_to_tensor_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
     from ..vision import functional as K
 
     def pil_to_tensor(pic: Any) -> Any:
-        if K.is_image_array(pic):
-            return K.pil_to_tensor(pic)
-        return original(pic)
+        a = _fast_array(pic)
+        return original(pic) if a is None else K.pil_to_tensor(a)
 
     return pil_to_tensor
 
 
 def _gaussian_blur_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+    import numpy as np
     from PIL import Image
 
     from ..vision import functional as K
+    from ..vision.image import FastImage
 
     def gaussian_blur(img: Any, kernel_size: Any, sigma: Any = None) -> Any:
-        is_array = K.is_image_array(img)
-        if not (is_array or (isinstance(img, Image.Image) and img.mode in ("RGB", "L"))):
+        a = _fast_array(img)
+        if a is None and not (isinstance(img, Image.Image) and img.mode in ("RGB", "L")):
             return original(img, kernel_size, sigma)
         ks, sg = _blur_args(kernel_size, sigma)
-        if is_array:
-            return K.gaussian_blur(img, ks, sg)
-        return K.to_pil(K.gaussian_blur(K.from_pil(img), ks, sg))
+        if isinstance(img, FastImage):
+            return FastImage.wrap(K.gaussian_blur(np.asarray(img) if a is None else a, ks, sg))
+        return K.to_pil(K.gaussian_blur(np.asarray(img), ks, sg))
 
     return gaussian_blur
 
@@ -188,7 +191,7 @@ class VisionTransformsPatch(Patch):
 
         missing = [n for n in _PIL_BACKEND if not callable(getattr(F_pil, n, None))]
         missing += [n for n in ("to_tensor", "pil_to_tensor", "gaussian_blur") if not callable(getattr(F, n, None))]
-        missing += [n for n in _ARRAY_CAPABLE + _CONTAINERS if not isinstance(getattr(module, n, None), type)]
+        missing += [n for n in ("Compose", "ToTensor", "Normalize") if not isinstance(getattr(module, n, None), type)]
         return f"torchvision internals changed: missing {', '.join(missing)}" if missing else None
 
     def _apply(self, module: ModuleType, options: Options) -> None:
@@ -199,13 +202,7 @@ class VisionTransformsPatch(Patch):
         from ..vision import functional as K
         from ..vision import pipeline
 
-        pipeline.configure(
-            [getattr(module, n) for n in _ARRAY_CAPABLE],
-            [getattr(module, n) for n in _CONTAINERS],
-            module.ToTensor,
-            module.Normalize,
-            module.Compose,
-        )
+        pipeline.configure(module.ToTensor, module.Normalize, module.Compose)
         for name, pil_too in _PIL_BACKEND.items():
             func = getattr(F_pil, name)
             self.record.redirect(func, _backend_wrapper(stock_copy(func), getattr(K, name), pil_too))
@@ -216,7 +213,7 @@ class VisionTransformsPatch(Patch):
         def compose_call(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             if len(args) == 1 and not kwargs:
                 img = args[0]
-                if K.is_image_array(img) or (isinstance(img, Image.Image) and img.mode in ("RGB", "L")):
+                if pipeline.takes(img):
                     return pipeline.run_compose(instance, img)
                 if report.stats is not None:
                     kind = f"PIL {img.mode!r}" if isinstance(img, Image.Image) else type(img).__name__

@@ -1,9 +1,13 @@
 """Pure image kernels on uint8 NumPy arrays (HxWx3 RGB or HxW grayscale).
 
 Each function mirrors the torchvision PIL backend function of the same name
-(``torchvision.transforms._functional_pil``): same arguments, same meaning, same output within
-torchvision's own tensor-vs-PIL tolerances. An array stands in for a PIL image of mode ``RGB`` or
-``L``. Nothing here patches anything or keeps global state beyond the per-process thread cap.
+(``torchvision.transforms._functional_pil``): same arguments, same meaning, and the same pixels as
+PIL gives. Colour and point ops and resize are bit-exact (lookup tables in PIL's own arithmetic,
+or PIL itself); crops, flips and pads are exact; rotate/affine/perspective (OpenCV warps) are within
+torchvision's own tensor-vs-PIL bar. An array stands in for a PIL image of mode ``RGB`` or ``L``.
+A kernel raises on any argument it does not handle; the patch then runs stock code, which returns
+stock's result or raises stock's exception. Nothing here patches anything or keeps global state
+beyond the per-process thread cap.
 
 Arrays may be views (a crop inside the image is free); every kernel accepts non-contiguous input.
 """
@@ -11,14 +15,13 @@ Arrays may be views (a crop inside the image is free); every kernel accepts non-
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from PIL import Image, ImageOps
-
-from .. import sysinfo
+from PIL import Image, ImageEnhance, ImageOps
 
 _cv2 = None
 #: OpenCV's thread count before the first kernel call, restored by :func:`release_cv2`.
@@ -49,21 +52,27 @@ def release_cv2() -> None:
     _cv2, _cv2_threads_before = None, None
 
 
-def is_image_array(img: Any) -> bool:
-    """An array that stands in for a PIL ``RGB`` (HxWx3) or ``L`` (HxW) image."""
-    return (
-        isinstance(img, np.ndarray)
-        and img.dtype == np.uint8
-        and (img.ndim == 2 or (img.ndim == 3 and img.shape[2] == 3))
-    )
-
-
 def from_pil(img: Image.Image) -> np.ndarray:
-    return np.asarray(img)
+    """The pixels of a PIL ``RGB``/``L`` image (no copy for a ``FastImage``)."""
+    a = getattr(img, "array", None)
+    return a if a is not None else np.asarray(img)
 
 
 def to_pil(a: np.ndarray) -> Image.Image:
-    return Image.fromarray(np.ascontiguousarray(a), "L" if a.ndim == 2 else "RGB")
+    return Image.fromarray(np.ascontiguousarray(a))
+
+
+def _real(x: Any) -> float:
+    """A plain real number, else TypeError: the wrapper then gives the call to stock code."""
+    if isinstance(x, (str, bytes)) or not isinstance(x, numbers.Real):
+        raise TypeError(f"expected a real number, got {type(x).__name__}")
+    return float(x)
+
+
+def _int(x: Any) -> int:
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        raise TypeError(f"expected an integer, got {type(x).__name__}")
+    return int(x)
 
 
 def _contig(a: np.ndarray) -> np.ndarray:
@@ -160,36 +169,18 @@ def pad(a: np.ndarray, padding: Any, fill: Any = 0, padding_mode: str = "constan
     return np.pad(a, widths, padding_mode)
 
 
-#: Largest source (pixels) resized through pillow-simd; bigger ones go to torch (see :func:`resize`).
-SIMD_MAX_PIXELS = 2_000_000
-
-# PIL resampling constants -> torch interpolate modes that match PIL's antialiased filters.
-_TORCH_AA = {Image.BILINEAR: "bilinear", Image.BICUBIC: "bicubic"}
-
-
 def resize(a: np.ndarray, size: list[int], interpolation: int = Image.BILINEAR) -> np.ndarray:
-    """Resize to ``size`` = [height, width] like ``PIL.Image.resize`` (always antialiased).
+    """Resize to ``size`` = [height, width] exactly like ``PIL.Image.resize`` (always antialiased).
 
-    Bilinear and bicubic: pillow-simd when it is the installed PIL and the source is at most
-    :data:`SIMD_MAX_PIXELS` (its output is Pillow's, and at pet-photo sizes its resize pays for the
-    array round trip), else torch's uint8 antialiased kernel (within 1 of Pillow on the 0-255
-    scale), which measured 2-3x faster than plain Pillow's, and faster than pillow-simd plus the
-    round trip on 12 MP photos (13.8 against 8.4 images/s on pipeline (c)).
-    OpenCV's exact nearest neighbour; PIL for the other filters.
+    Nearest neighbour: OpenCV's exact nearest, which picks PIL's pixels. Every other filter: PIL's
+    own resize, so the output is bit-exact on whichever PIL is installed (pillow-simd's is about 7x
+    Pillow's). torch's uint8 antialiased kernel was 2-3x faster than plain Pillow but not exact: each
+    pass is within 1 level of PIL's, and the two passes together reached 2 on real crops.
     """
     oh, ow = int(size[0]), int(size[1])
     if interpolation == Image.NEAREST:
         return cv2().resize(_contig(a), (ow, oh), interpolation=cv2().INTER_NEAREST_EXACT)
-    mode = _TORCH_AA.get(interpolation)
-    simd = a.shape[0] * a.shape[1] <= SIMD_MAX_PIXELS and sysinfo.pillow_is_simd()
-    if mode is None or min(a.shape[:2]) < 2 or simd:
-        return np.asarray(to_pil(a).resize((ow, oh), interpolation))
-    import torch
-
-    x = _from_numpy(_contig(a))
-    x = x[None, None] if a.ndim == 2 else x.permute(2, 0, 1)[None]
-    y = torch.nn.functional.interpolate(x, size=(oh, ow), mode=mode, antialias=True, align_corners=False)
-    return y[0, 0].numpy() if a.ndim == 2 else _contig(y[0].permute(1, 2, 0).numpy())
+    return np.asarray(to_pil(a).resize((ow, oh), interpolation))
 
 
 def _inverse_map(data: Sequence[float], perspective: bool) -> np.ndarray:
@@ -218,8 +209,16 @@ def _warp(a: np.ndarray, data: Sequence[float], out_wh: tuple[int, int], interpo
     return c.warpAffine(_contig(a), m[:2], out_wh, flags=flags, borderMode=c.BORDER_CONSTANT, borderValue=border)
 
 
+#: Below this side, warps go to PIL: OpenCV and PIL differ at the borders, which a tiny image is mostly.
+WARP_MIN_SIDE = 32
+
+
+def _warp_by_pil(a: np.ndarray, interpolation: int) -> bool:
+    return interpolation not in _CV_INTER or min(a.shape[:2]) < WARP_MIN_SIDE
+
+
 def affine(a: np.ndarray, matrix: list[float], interpolation: int = Image.NEAREST, fill: Any = None) -> np.ndarray:
-    if interpolation not in _CV_INTER:
+    if _warp_by_pil(a, interpolation):
         return _via_pil(a, lambda im: im.transform(im.size, Image.AFFINE, matrix, interpolation,
                                                    fillcolor=_pil_fill(fill, a)))
     return _warp(a, matrix, (a.shape[1], a.shape[0]), interpolation, fill, perspective=False)
@@ -227,7 +226,7 @@ def affine(a: np.ndarray, matrix: list[float], interpolation: int = Image.NEARES
 
 def perspective(a: np.ndarray, perspective_coeffs: list[float], interpolation: int = Image.BICUBIC,
                 fill: Any = None) -> np.ndarray:
-    if interpolation not in _CV_INTER:
+    if _warp_by_pil(a, interpolation):
         return _via_pil(a, lambda im: im.transform(im.size, Image.PERSPECTIVE, perspective_coeffs, interpolation,
                                                    fillcolor=_pil_fill(fill, a)))
     return _warp(a, perspective_coeffs, (a.shape[1], a.shape[0]), interpolation, fill, perspective=True)
@@ -251,7 +250,7 @@ def rotate(a: np.ndarray, angle: float, interpolation: int = Image.NEAREST, expa
         if angle in (90, 270) and (expand or w == h):
             turn = cv2().ROTATE_90_COUNTERCLOCKWISE if angle == 90 else cv2().ROTATE_90_CLOCKWISE
             return cv2().rotate(_contig(a), turn)
-    if interpolation not in _CV_INTER:
+    if _warp_by_pil(a, interpolation):
         return _via_pil(a, lambda im: im.rotate(angle, interpolation, expand, center, fillcolor=_pil_fill(fill, a)))
     cx, cy = (w / 2.0, h / 2.0) if center is None else center
     rad = -math.radians(angle)
@@ -281,40 +280,46 @@ def _lut(a: np.ndarray, table: np.ndarray) -> np.ndarray:
 
 
 def _blend_lut(degenerate: float, factor: float) -> np.ndarray:
-    """PIL's ``Image.blend(constant, img, factor)`` as a lookup table, in PIL's float32 arithmetic."""
+    """PIL's ``Image.blend(constant, img, factor)`` as a lookup table, in PIL's float32 arithmetic.
+
+    PIL computes ``in1 + alpha * (in2 - in1)`` in float32 and truncates (clipping outside [0, 1]):
+    a pure function of the pixel value, so a 256-entry table reproduces it bit for bit.
+    """
     v = np.arange(256, dtype=np.float32)
     out = np.float32(degenerate) + np.float32(factor) * (v - np.float32(degenerate))
     return np.clip(out, 0, 255).astype(np.uint8)
 
 
 def _gray(a: np.ndarray) -> np.ndarray:
-    """PIL's ``convert("L")``: (R*19595 + G*38470 + B*7471 + 0x8000) >> 16."""
+    """PIL's ``convert("L")``, run by PIL itself: pillow-simd's rounding differs from Pillow's formula."""
     if a.ndim == 2:
         return a
-    return cv2().cvtColor(_contig(a), cv2().COLOR_RGB2GRAY)
+    return np.asarray(to_pil(a).convert("L"))
+
+
+# Hue (PIL's HSV round trip), saturation (its blend with the grey image) and sharpness (its SMOOTH
+# filter, integer arithmetic in Pillow and different again in pillow-simd) are run by PIL itself on
+# the array: exact by construction on whichever PIL is installed. Measured against OpenCV versions,
+# which were 1-6 levels off: at 340x256, PIL's saturation takes 0.2 ms, hue 3.1 ms, sharpness 1.4 ms.
 
 
 def adjust_brightness(a: np.ndarray, brightness_factor: float) -> np.ndarray:
-    return _lut(a, _blend_lut(0.0, brightness_factor))
+    return _lut(a, _blend_lut(0.0, _real(brightness_factor)))
 
 
 def adjust_contrast(a: np.ndarray, contrast_factor: float) -> np.ndarray:
+    factor = _real(contrast_factor)
     g = _gray(a)
-    # PIL's ImageStat mean: the exact integer sum over the pixel count (sumElems is exact below 2**53).
+    # PIL's ImageEnhance.Contrast: the exact integer sum of the grey histogram over the pixel count.
     mean = int(cv2().sumElems(_contig(g))[0] / g.size + 0.5)
-    return _lut(a, _blend_lut(float(mean), contrast_factor))
-
-
-def _blend(degenerate: np.ndarray, a: np.ndarray, factor: float) -> np.ndarray:
-    # PIL truncates the blend; OpenCV rounds, so shift by just under half a level.
-    return cv2().addWeighted(_contig(a), float(factor), _contig(degenerate), 1.0 - float(factor), -0.4999)
+    return _lut(a, _blend_lut(float(mean), factor))
 
 
 def adjust_saturation(a: np.ndarray, saturation_factor: float) -> np.ndarray:
+    factor = _real(saturation_factor)
     if a.ndim == 2:
-        return a
-    g = _gray(a)
-    return _blend(cv2().cvtColor(g, cv2().COLOR_GRAY2RGB), a, saturation_factor)
+        return a  # ImageEnhance.Color on "L": the blend of an image with itself
+    return np.asarray(ImageEnhance.Color(to_pil(a)).enhance(factor))
 
 
 def adjust_hue(a: np.ndarray, hue_factor: float) -> np.ndarray:
@@ -322,27 +327,19 @@ def adjust_hue(a: np.ndarray, hue_factor: float) -> np.ndarray:
         raise ValueError(f"hue_factor ({hue_factor}) is not in [-0.5, 0.5].")
     if a.ndim == 2:
         return a
-    c = cv2()
-    hsv = c.cvtColor(_contig(a), c.COLOR_RGB2HSV_FULL)
+    h, s, v = to_pil(a).convert("HSV").split()
     shift = int(np.int32(hue_factor * 255).astype(np.uint8))
-    h = hsv[:, :, 0]
-    np.add(h, np.uint8(shift), out=h, casting="unsafe")
-    return c.cvtColor(hsv, c.COLOR_HSV2RGB_FULL)
+    h = h.point([(i + shift) & 0xFF for i in range(256)])  # torchvision's uint8 add, wrapping
+    return np.asarray(Image.merge("HSV", (h, s, v)).convert("RGB"))
 
 
 def adjust_sharpness(a: np.ndarray, sharpness_factor: float) -> np.ndarray:
-    if a.shape[0] <= 2 or a.shape[1] <= 2:
-        return a
-    c = cv2()
-    src = _contig(a)
-    kernel = np.array([[1, 1, 1], [1, 5, 1], [1, 1, 1]], dtype=np.float32) / 13.0
-    smooth = c.filter2D(src, -1, kernel, borderType=c.BORDER_REPLICATE)
-    # PIL's SMOOTH filter leaves the outermost rows and columns as they were.
-    smooth[0], smooth[-1], smooth[:, 0], smooth[:, -1] = src[0], src[-1], src[:, 0], src[:, -1]
-    return _blend(smooth, src, sharpness_factor)
+    factor = _real(sharpness_factor)
+    return np.asarray(ImageEnhance.Sharpness(to_pil(a)).enhance(factor))
 
 
 def adjust_gamma(a: np.ndarray, gamma: float, gain: float = 1.0) -> np.ndarray:
+    gamma, gain = _real(gamma), _real(gain)
     if gamma < 0:
         raise ValueError("Gamma should be a non-negative real number")
     table = np.array([int((255 + 1 - 1e-3) * gain * pow(ele / 255.0, gamma)) for ele in range(256)])
@@ -361,10 +358,14 @@ def invert(a: np.ndarray) -> np.ndarray:
 
 
 def posterize(a: np.ndarray, bits: int) -> np.ndarray:
+    bits = _int(bits)
+    if not 1 <= bits <= 8:
+        raise ValueError("bits must be between or equal to 1 and 8")
     return a & np.uint8(~(2 ** (8 - bits) - 1) & 0xFF)
 
 
 def solarize(a: np.ndarray, threshold: int) -> np.ndarray:
+    threshold = _real(threshold)
     v = np.arange(256)
     return _lut(a, np.where(v < threshold, v, 255 - v))
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from . import decode, pipeline
 from . import functional as K
+from .image import FastImage, plain
 
 # Opt-in only (``scaled_decode``): libjpeg-turbo's scaled IDCT is not an antialiased bilinear
 # filter. On real photos at native resolution, a 1/2-scale decode before the resize measured max
@@ -23,8 +24,8 @@ DCT_MIN_SCALE = 0.5
 
 
 def load_pil(path: str | os.PathLike[str]) -> Any:
-    """``pil_loader``: the decoded file as an RGB PIL image."""
-    return K.to_pil(decode.decode_rgb(path))
+    """``pil_loader``: the decoded file as an RGB PIL image (a ``FastImage``: no copy into PIL until used)."""
+    return FastImage.wrap(decode.decode_rgb(path))
 
 
 def default_loader(path: str | os.PathLike[str]) -> Any:
@@ -39,12 +40,15 @@ def default_loader(path: str | os.PathLike[str]) -> Any:
 
 
 def load_transformed(path: str | os.PathLike[str], transform: Any) -> Any:
-    """Decode ``path`` and apply ``transform`` the way a stock dataset would after ``pil_loader``."""
+    """Decode ``path`` and apply ``transform`` the way a stock dataset would after ``pil_loader``.
+
+    The decoded image travels as a ``FastImage``; an image result comes out as a plain PIL image.
+    """
     from torchvision.transforms import Compose
 
     if transform is not None and pipeline.behaves_as(transform, Compose):
         arr, done = _decode_with_first_resize(path, transform.transforms)
-        return pipeline.run_compose(transform, arr, stands_for_pil=True, skip=done)
+        return plain(pipeline.run_compose(transform, FastImage.wrap(arr), skip=done))
     return transform_decoded(decode.decode_rgb(path), transform)
 
 
@@ -52,10 +56,11 @@ def transform_decoded(arr: np.ndarray, transform: Any) -> Any:
     """Apply ``transform`` to an already decoded image, as stock code would to its PIL image."""
     from torchvision.transforms import Compose
 
+    img = FastImage.wrap(arr)
     if transform is not None and pipeline.behaves_as(transform, Compose):
-        return pipeline.run_compose(transform, arr, stands_for_pil=True)
-    img = K.to_pil(arr)
-    return img if transform is None else transform(img)
+        return plain(pipeline.run_compose(transform, img))
+    # The sample leaves the dataset here: an image result is an ordinary PIL image, as stock's.
+    return plain(img if transform is None else transform(img))
 
 
 def _decode_with_first_resize(path: str | os.PathLike[str], transforms: list[Any]) -> tuple[np.ndarray, int]:

@@ -1,10 +1,11 @@
-"""Run a torchvision ``Compose`` with images kept as uint8 arrays between accelerated steps.
+"""Run a torchvision ``Compose`` with images carried as ``FastImage`` between its steps.
 
 The transforms themselves are stock: their ``forward`` draws the random numbers exactly as always
-and calls ``torchvision.transforms.functional``, whose PIL backend accepts arrays once patched. This
-module only decides where the array/PIL boundary lies: an array is materialised as a PIL image in
-front of any callable that is not known to accept arrays (a user's function, a ``Lambda``,
-``ElasticTransform``, ``AugMix``), and at the end when the caller gave a PIL image.
+and calls ``torchvision.transforms.functional``, whose patched PIL backend runs the kernels on a
+``FastImage``'s array. A ``FastImage`` is a PIL image, so any step the patch does not know (a
+``Lambda``, a user's function, ``ElasticTransform``) gets what stock would give it: the first PIL
+call there copies the pixels into PIL once. A caller's plain PIL image comes back as a plain PIL
+image; an image the patch decoded stays a ``FastImage``.
 """
 
 from __future__ import annotations
@@ -18,24 +19,18 @@ from PIL import Image
 
 from .. import report
 from . import functional as K
+from .image import FastImage, fast, plain
 
-_capable: tuple[type, ...] = ()
-_containers: tuple[type, ...] = ()
 _to_tensor_cls: type | None = None
 _normalize_cls: type | None = None
-
-
 _compose_cls: type | None = None
 #: Compose objects (a DataLoader worker's own copies) that end in a uint8 tensor instead of ToTensor.
 _uint8_out: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def configure(capable: Sequence[type], containers: Sequence[type], to_tensor: type, normalize: type,
-              compose: type) -> None:
-    """Name the stock transform classes whose ``forward`` works on arrays (set by the patch)."""
-    global _capable, _containers, _to_tensor_cls, _normalize_cls, _compose_cls
-    _capable, _containers = tuple(capable), tuple(containers)
-    _kinds.clear()
+def configure(to_tensor: type, normalize: type, compose: type) -> None:
+    """Name the stock classes the pipeline treats specially (set by the patch)."""
+    global _to_tensor_cls, _normalize_cls, _compose_cls
     _to_tensor_cls, _normalize_cls, _compose_cls = to_tensor, normalize, compose
 
 
@@ -73,11 +68,7 @@ def wants_uint8(compose: Any) -> bool:
 
 def behaves_as(t: Any, base: type) -> bool:
     """``t`` is a ``base``, and no class between its own and ``base`` overrides ``__call__`` or ``forward``."""
-    return _type_behaves_as(type(t), base)
-
-
-def _type_behaves_as(cls: type, base: type) -> bool:
-    for klass in cls.__mro__:
+    for klass in type(t).__mro__:
         if klass is base:
             return True
         if "__call__" in vars(klass) or "forward" in vars(klass):
@@ -85,116 +76,74 @@ def _type_behaves_as(cls: type, base: type) -> bool:
     return False
 
 
-def accepts_arrays(t: Callable[..., Any]) -> bool:
-    """True if ``t`` is a stock transform (or a subclass that changes no behaviour) that works on arrays."""
-    kind = _kind(type(t))
-    if kind == "container":
-        return all(accepts_arrays(c) for c in t.transforms)
-    return kind == "capable"
+def takes(img: Any) -> bool:
+    """Images a pipeline carries as ``FastImage``: the patch's own, and PIL ``RGB``/``L``."""
+    return isinstance(img, Image.Image) and img.mode in ("RGB", "L")
 
 
-#: type -> "container" | "capable" | "other"; a per-configuration cache (every image asks it per step).
-_kinds: dict[type, str] = {}
-
-
-def _kind(klass: type) -> str:
-    kind = _kinds.get(klass)
-    if kind is None:
-        if any(_type_behaves_as(klass, base) for base in _containers):
-            kind = "container"
-        elif any(_type_behaves_as(klass, base) for base in _capable):
-            kind = "capable"
-        else:
-            kind = "other"
-        _kinds[klass] = kind
-    return kind
-
-
-def _is_pil_rgb_or_l(x: Any) -> bool:
-    return isinstance(x, Image.Image) and x.mode in ("RGB", "L")
-
-
-def _materialise(x: Any) -> Any:
-    if K.is_image_array(x):
-        return K.to_pil(x)
-    if isinstance(x, (tuple, list)) and x and all(K.is_image_array(i) for i in x):
-        return type(x)(K.to_pil(i) for i in x)
-    return x
-
-
-def run(transforms: Sequence[Callable[..., Any]], img: Any, *, stands_for_pil: bool = False,
+def run(transforms: Sequence[Callable[..., Any]], img: Any, *,
         uint8_tail: Sequence[Callable[..., Any]] = ()) -> Any:
-    """Apply ``transforms`` in order, as ``Compose.__call__`` does, keeping images as arrays where possible.
+    """Apply ``transforms`` in order, as ``Compose.__call__`` does, with ``img`` carried as a ``FastImage``.
 
-    ``stands_for_pil``: ``img`` is an array standing in for the PIL image stock code would have had
-    (a dataset's decoded file), so an image result goes back out as PIL.
-    ``uint8_tail``: the ToTensor (+ Normalize) steps cut off the end of ``transforms``; a uint8 image
+    ``uint8_tail``: the ToTensor (+ Normalize) steps cut off the end of ``transforms``; an image
     comes out as a uint8 C x H x W tensor instead, and anything else goes through them as stock.
     """
-    pil_out = stands_for_pil or _is_pil_rgb_or_l(img)
-    array_out = K.is_image_array(img) and not stands_for_pil
-    x = img
+    plain_out = not isinstance(img, FastImage)
+    x = fast(img)
     items = list(transforms)
     if uint8_tail:
-        x = run(items, img)
-        if K.is_image_array(x) or _is_pil_rgb_or_l(x):
+        x = run(items, x)
+        if takes(x):
             return _uint8_chw(x)
-        return run(uint8_tail, x)
+        return plain(run(uint8_tail, x)) if plain_out else run(uint8_tail, x)
     stats = report.stats
     i = 0
     while i < len(items):
         t = items[i]
-        if stats is not None:
-            _count(stats, t, i)
-        if accepts_arrays(t):
-            if _is_pil_rgb_or_l(x):
-                x = K.from_pil(x)
-            if (
-                K.is_image_array(x)
-                and type(t) is _to_tensor_cls
-                and i + 1 < len(items)
-                and type(items[i + 1]) is _normalize_cls
-            ):
-                # ToTensor then Normalize: normalise the fresh tensor in place, skipping Normalize's copy.
-                norm = items[i + 1]
-                x = K.to_tensor_normalized(x, norm.mean, norm.std)
-                i += 2
-                continue
-            x = t(x)
-        else:
-            x = t(_materialise(x))
+        a = x.array if isinstance(x, FastImage) else None
+        if (
+            a is not None
+            and type(t) is _to_tensor_cls
+            and i + 1 < len(items)
+            and type(items[i + 1]) is _normalize_cls
+        ):
+            # ToTensor then Normalize: normalise the fresh tensor in place, skipping Normalize's copy.
+            norm = items[i + 1]
+            x = K.to_tensor_normalized(a, norm.mean, norm.std)
+            i += 2
+            continue
+        before = x
+        x = t(x)
+        if stats is not None and a is not None:
+            _count(stats, t, i, left=before.array is None)
         i += 1
-    if pil_out:
-        return _materialise(x)
-    if array_out and _is_pil_rgb_or_l(x):
-        return np.asarray(x)
-    return x
+    return plain(x) if plain_out else x
 
 
-def _count(stats: report.Stats, t: Any, position: int) -> None:
+def _count(stats: report.Stats, t: Any, position: int, left: bool) -> None:
     name = type(t).__name__
-    if accepts_arrays(t):
-        stats.count("vision_transforms", True, name)
-    else:
+    if left:
         stats.count("vision_transforms", False,
-                    f"`{name}` at position {position} of the Compose: images left the fast path there")
+                    f"`{name}` at position {position} of the Compose: PIL code took the pixels over there")
+    else:
+        stats.count("vision_transforms", True, name)
 
 
 def _uint8_chw(x: Any) -> Any:
     import torch
 
-    arr = np.asarray(x)
-    if not arr.flags.writeable:
-        arr = arr.copy()
+    arr = x.array if isinstance(x, FastImage) else None
+    if arr is None or arr.base is not None or not arr.flags.c_contiguous:
+        arr = np.array(x)  # a private copy: the tensor must not share pixels with other images
     t = torch.from_numpy(arr)
     return t.unsqueeze(0) if t.dim() == 2 else t.permute(2, 0, 1)
 
 
-def run_compose(compose: Any, img: Any, *, stands_for_pil: bool = False, skip: int = 0) -> Any:
+def run_compose(compose: Any, img: Any, *, skip: int = 0) -> Any:
     """:func:`run` for a ``Compose``, honouring :func:`emit_uint8`; ``skip``: leading steps already applied."""
     items = list(compose.transforms)[skip:]
     if _uint8_out and compose in _uint8_out:
         tail = tensor_tail(compose)
         if tail and len(tail) <= len(items):
-            return run(items[: -len(tail)], img, stands_for_pil=stands_for_pil, uint8_tail=tail)
-    return run(items, img, stands_for_pil=stands_for_pil)
+            return run(items[: -len(tail)], img, uint8_tail=tail)
+    return run(items, img)

@@ -1,0 +1,129 @@
+"""``FastImage``: a PIL image whose pixels stay in a uint8 NumPy array until PIL itself needs them.
+
+Only the patch creates these: the decoder, and a ``Compose`` for the images it carries between
+steps. Because a ``FastImage`` *is* a ``PIL.Image.Image``, every type check in torchvision (v1 and
+v2), in PIL and in user code treats it as the PIL image stock code would have had, so stock's
+acceptance and rejection rules hold unchanged; a user's own ``np.ndarray`` is never mistaken for an
+image. The patched PIL backend reads :attr:`FastImage.array` and answers with a new ``FastImage``.
+
+The first time any PIL code touches the pixels (``img.im``, ``load()``, ``convert()``, ``paste()``,
+saving...), the array is copied into a PIL core once and from then on the object is an ordinary
+PIL image: PIL may change the core in place, so the array is no longer used for pixels (it is kept
+only so that NumPy arrays made from it earlier stay valid).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+_MODES = {2: "L", 3: "RGB"}
+_FAST_FILTERS = (Image.Resampling.NEAREST, Image.Resampling.BILINEAR, Image.Resampling.BICUBIC)
+
+
+class FastImage(Image.Image):
+    """A PIL ``RGB`` or ``L`` image backed by an H x W x 3 (or H x W) uint8 array."""
+
+    _array: np.ndarray | None = None  # the pixels, until PIL takes them over
+    _anchor: np.ndarray | None = None  # keeps memory alive for arrays handed out by __array_interface__
+    _core: Any = None
+
+    @classmethod
+    def wrap(cls, a: np.ndarray) -> FastImage:
+        """An image over ``a`` (not copied; the caller gives up writing to it)."""
+        obj = cls()
+        obj._mode = _MODES[a.ndim]
+        obj._size = (int(a.shape[1]), int(a.shape[0]))
+        obj._array = obj._anchor = a
+        return obj
+
+    @property
+    def array(self) -> np.ndarray | None:
+        """The pixels as an array, or None once PIL holds them (then ``np.asarray(img)`` copies)."""
+        return self._array
+
+    # PIL's own code reaches the pixels only through ``_im``: build the core on first use.
+    @property
+    def _im(self) -> Any:
+        if self._core is None and self._array is not None:
+            self._core = Image.fromarray(np.ascontiguousarray(self._array)).im
+            self._array = None
+        return self._core
+
+    @_im.setter
+    def _im(self, value: Any) -> None:
+        self._core = value
+        if value is not None:
+            self._array = None
+
+    @property
+    def __array_interface__(self) -> dict[str, Any]:
+        a = self._array
+        if a is None:
+            return Image.Image.__array_interface__.fget(self)  # type: ignore[attr-defined]
+        # Read-only, like stock's: the pixels may be shared with other images made from this one.
+        return {"version": 3, "shape": a.shape, "typestr": "|u1", "strides": a.strides,
+                "data": (a.__array_interface__["data"][0], True)}
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Image.Image) or type(other) not in (Image.Image, FastImage):
+            return False
+        return (self.mode == other.mode and self.size == other.size and self.info == other.info
+                and other.getpalette() is None and self.tobytes() == other.tobytes())
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def tobytes(self, encoder_name: str = "raw", *args: Any) -> bytes:
+        a = self._array
+        if a is not None and encoder_name == "raw" and not args:
+            return np.ascontiguousarray(a).tobytes()
+        return super().tobytes(encoder_name, *args)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickles (DataLoader queues, deepcopy) as a plain PIL image: the receiver needs no nano_patch.
+        return (_new_plain_image, (), self.__getstate__())
+
+    def to_plain(self) -> Image.Image:
+        """An ordinary ``PIL.Image.Image`` with the same pixels (what stock code would return)."""
+        a = self._array
+        if a is None:
+            return self.copy()
+        return Image.fromarray(np.ascontiguousarray(a))
+
+    def resize(self, size: Any, resample: Any = None, box: Any = None, reducing_gap: Any = None) -> Image.Image:
+        """``Image.resize`` through the accelerated kernel for the filters it reproduces (v2 calls this directly)."""
+        a = self._array
+        f = Image.Resampling.BICUBIC if resample is None else resample
+        if (
+            a is None or box is not None or reducing_gap is not None or f not in _FAST_FILTERS
+            or not isinstance(size, (tuple, list)) or len(size) != 2
+            or not all(isinstance(s, int) and s > 0 for s in size)
+        ):
+            return super().resize(size, resample, box, reducing_gap)
+        if tuple(size) == self.size:
+            return FastImage.wrap(a)
+        from . import functional as K
+
+        return FastImage.wrap(K.resize(a, [size[1], size[0]], f))
+
+
+def _new_plain_image() -> Image.Image:
+    return Image.Image.__new__(Image.Image)
+
+
+def plain(x: Any) -> Any:
+    """``x`` with any ``FastImage`` (alone, or in a tuple/list of images) turned into a plain PIL image."""
+    if isinstance(x, FastImage):
+        return x.to_plain()
+    if isinstance(x, (tuple, list)) and x and any(isinstance(i, FastImage) for i in x):
+        return type(x)(i.to_plain() if isinstance(i, FastImage) else i for i in x)
+    return x
+
+
+def fast(x: Any) -> Any:
+    """A plain PIL ``RGB``/``L`` image as a ``FastImage`` (its pixels copied once); anything else unchanged."""
+    if isinstance(x, Image.Image) and not isinstance(x, FastImage) and x.mode in ("RGB", "L"):
+        return FastImage.wrap(np.asarray(x))
+    return x

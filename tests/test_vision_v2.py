@@ -1,0 +1,162 @@
+"""transforms.v2 under the patch against stock v2, in the same process, with the same seeds.
+
+PIL input (a plain PIL image, and the patch's own decoded ``FastImage``), ``tv_tensors.Image``
+and plain tensors, alone and with boxes, masks and labels riding along. The random draws must be
+stock's, every output the same type (``tv_tensors`` subclasses included), boxes and masks equal,
+and images exact, except the warps (mean 8) and Gaussian blur (max 1, as in v1).
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import nano_patch
+
+v2 = pytest.importorskip("torchvision.transforms.v2")
+tv_tensors = pytest.importorskip("torchvision.tv_tensors")
+
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+# name -> (factory, max abs bar on 0-255, mean abs bar on 0-255)
+CASES = {
+    "pipeline_b": (lambda: v2.Compose([v2.RandomResizedCrop(176), v2.RandomHorizontalFlip(), v2.PILToTensor(),
+                                       v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]), 0, 0),
+    "pipeline_b_to_image": (lambda: v2.Compose([v2.RandomResizedCrop(176), v2.RandomHorizontalFlip(), v2.ToImage(),
+                                                v2.ToDtype(torch.float32, scale=True)]), 0, 0),
+    "colour": (lambda: v2.Compose([v2.ColorJitter(0.4, 0.4, 0.4, 0.1), v2.RandomGrayscale(0.3), v2.RandomInvert(0.5),
+                                   v2.RandomPosterize(4, 0.5), v2.RandomSolarize(128, 0.5),
+                                   v2.RandomAdjustSharpness(2.0, 0.5), v2.RandomAutocontrast(0.5),
+                                   v2.RandomEqualize(0.5)]), 0, 0),
+    "geometry_exact": (lambda: v2.Compose([v2.RandomCrop(120, padding=4), v2.RandomHorizontalFlip(),
+                                           v2.RandomVerticalFlip(), v2.Pad(3, fill=7), v2.CenterCrop(100)]), 0, 0),
+    "resize": (lambda: v2.Compose([v2.Resize(150), v2.CenterCrop(128)]), 0, 0),
+    "warps": (lambda: v2.Compose([v2.RandomRotation(20), v2.RandomAffine(10, (0.1, 0.1)),
+                                  v2.RandomPerspective(p=1.0)]), None, 8),
+    "augment": (lambda: v2.Compose([v2.RandAugment(), v2.TrivialAugmentWide()]), None, 8),
+    "lambda_and_blur": (lambda: v2.Compose([v2.Resize(100), v2.Lambda(lambda im: im.rotate(5) if isinstance(
+        im, Image.Image) else im), v2.GaussianBlur(5, (0.5, 1.5))]), 1, 0.5),
+}
+
+
+def _images(photos) -> list[Image.Image]:
+    small = Image.fromarray(np.asarray(photos[1])[30:67, 40:93].copy())
+    return [photos[0], photos[1], small, photos[0].convert("L")]
+
+
+def _targets(img_size: tuple[int, int]):
+    w, h = img_size
+    boxes = tv_tensors.BoundingBoxes([[2, 3, w // 2, h // 2], [w // 4, h // 3, w - 1, h - 2]], format="XYXY",
+                                     canvas_size=(h, w))
+    mask = torch.zeros(h, w, dtype=torch.uint8)
+    mask[h // 4: h // 2, w // 3: w // 2] = 1
+    return {"boxes": boxes, "masks": tv_tensors.Mask(mask), "labels": torch.tensor([1, 2])}
+
+
+def _inputs(kind: str, im: Image.Image):
+    if kind == "pil":
+        return (im,)
+    if kind == "fast_image":
+        from nano_patch.vision.image import FastImage
+
+        return (FastImage.wrap(np.asarray(im).copy()),)
+    t = torch.from_numpy(np.atleast_3d(np.asarray(im)).copy()).permute(2, 0, 1).contiguous()
+    if kind == "tv_image":
+        return (tv_tensors.Image(t),)
+    if kind == "tensor":
+        return (t,)
+    if kind == "pil_with_targets":
+        return im, _targets(im.size)
+    raise AssertionError(kind)
+
+
+def _as_float(x) -> np.ndarray:
+    if isinstance(x, Image.Image):
+        return np.asarray(x).astype(np.float64)
+    t = x.as_subclass(torch.Tensor)
+    return t.double().numpy() * (255.0 if t.is_floating_point() else 1.0)
+
+
+def _compare(name: str, got, want, max_bar, mean_bar) -> None:
+    assert type(got) is type(want), f"{name}: {type(got)} against stock's {type(want)}"
+    if isinstance(want, dict):
+        assert got.keys() == want.keys()
+        for k in want:
+            _compare(f"{name}[{k}]", got[k], want[k], 0, 0)  # targets: equal, always
+        return
+    if isinstance(want, (tuple, list)):
+        assert len(got) == len(want)
+        for i, (g, w) in enumerate(zip(got, want)):
+            _compare(f"{name}[{i}]", g, w, max_bar if i == 0 else 0, mean_bar if i == 0 else 0)
+        return
+    if isinstance(want, Image.Image):
+        assert (got.mode, got.size) == (want.mode, want.size), name
+    if isinstance(want, torch.Tensor):
+        assert (got.dtype, got.shape) == (want.dtype, want.shape), name
+        if isinstance(want, tv_tensors.BoundingBoxes):
+            assert (got.format, got.canvas_size) == (want.format, want.canvas_size), name
+    if not isinstance(want, (Image.Image, torch.Tensor)):
+        assert got == want, name
+        return
+    diff = np.abs(_as_float(got) - _as_float(want))
+    if diff.size == 0:
+        return
+    if max_bar is not None:
+        assert diff.max() <= max_bar, f"{name}: max abs diff {diff.max()} > {max_bar}"
+    assert diff.mean() <= mean_bar, f"{name}: mean abs diff {diff.mean()}"
+
+
+@pytest.mark.parametrize("kind", ["pil", "fast_image", "tv_image", "tensor", "pil_with_targets"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_v2_matches_stock(case, kind, photos):
+    make, max_bar, mean_bar = CASES[case]
+    images = _images(photos)
+    if kind == "fast_image":
+        pytest.importorskip("cv2")
+    stock, states = [], []
+    for im in images:
+        for seed in range(3):
+            torch.manual_seed(seed)
+            random.seed(seed)
+            inputs = _inputs(kind, im) if kind != "fast_image" else (im,)
+            try:
+                out = make()(*inputs)
+            except Exception as exc:  # noqa: BLE001 - stock errors must be matched, not hidden
+                out = exc
+            stock.append(out)
+            states.append((torch.get_rng_state(), random.getstate()))
+    nano_patch.patch_torch()
+    k = 0
+    for im in images:
+        for seed in range(3):
+            torch.manual_seed(seed)
+            random.seed(seed)
+            want = stock[k]
+            if isinstance(want, Exception):
+                with pytest.raises(type(want)):
+                    make()(*_inputs(kind, im))
+                k += 1
+                continue
+            got = make()(*_inputs(kind, im))
+            assert torch.equal(torch.get_rng_state(), states[k][0]), f"{case}/{kind}: torch draws differ from stock"
+            assert random.getstate() == states[k][1], f"{case}/{kind}: python draws differ from stock"
+            if kind == "fast_image" and isinstance(want, Image.Image):
+                # the patch's own image stays one: it is a PIL image with stock's pixels
+                assert isinstance(got, Image.Image)
+                got = Image.fromarray(np.asarray(got))
+            _compare(f"{case}:{kind}:{im.mode}{im.size}:seed{seed}", got, want, max_bar, mean_bar)
+            k += 1
+
+
+def test_v2_plain_arrays_are_stocks(photos):
+    """v2 passes plain NumPy arrays through untouched, as stock does; the patch must not take them."""
+    arr = np.asarray(photos[0]).copy()
+    pipe = v2.Compose([v2.RandomHorizontalFlip(1.0), v2.ColorJitter(0.3)])
+    want = pipe(arr)
+    nano_patch.patch_torch()
+    got = pipe(arr)
+    assert type(got) is type(want) and np.array_equal(got, want)
