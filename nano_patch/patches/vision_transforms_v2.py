@@ -35,9 +35,22 @@ class VisionTransformsV2Patch(Patch):
         from ..vision import pipeline
         from ..vision.image import FastImage, fast, plain
 
+        tail = _TensorTail(module)
+
         def forward(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             if kwargs or not args or not pipeline.active():
                 return wrapped(*args, **kwargs)  # the v1 backend is not patched: nothing to gain
+            if len(args) == 1 and (pipeline.takes(args[0]) or tail.takes_tensor(args[0])):
+                if not pipeline.behaves_as(instance, module.Compose):
+                    return wrapped(*args)
+                x = fast(args[0])
+                items = list(instance.transforms)
+                for i, t in enumerate(items):
+                    fused = tail.run(items[i:], x)
+                    if fused is not None:
+                        return fused
+                    x = t(x)
+                return x if isinstance(args[0], FastImage) else plain(x)
             flat, spec = tree_flatten(args)
             converted = [fast(x) if pipeline.takes(x) and not isinstance(x, FastImage) else x for x in flat]
             if all(a is b for a, b in zip(converted, flat)):
@@ -47,3 +60,90 @@ class VisionTransformsV2Patch(Patch):
             return tree_unflatten([plain(x) for x in flat_out], spec_out)
 
         self.record.wrap(module.Compose, "forward", forward)
+
+
+class _TensorTail:
+    """The end of a v2 pipeline that turns a uint8 image into a normalised float tensor, as one lookup.
+
+    ``[PILToTensor | ToImage,] ToDtype(float, scale=True)[, Normalize]`` is elementwise and per
+    channel, and a uint8 pixel has 256 values: the stock transforms themselves are run once on a
+    C x 1 x 256 probe of every value, and each plane of the image is then one table lookup. The
+    output is stock's, bit for bit, with stock's type (``tv_tensors.Image`` or a plain tensor).
+    """
+
+    def __init__(self, module: ModuleType) -> None:
+        from torchvision import tv_tensors
+
+        self.v2 = module
+        self.image_type = tv_tensors.Image
+        self.tables: dict[tuple[Any, ...], Any] = {}
+
+    def takes_tensor(self, x: Any) -> bool:
+        import torch
+
+        return (
+            type(x) in (torch.Tensor, self.image_type) and x.dtype == torch.uint8 and x.ndim == 3
+            and x.shape[0] in (1, 3) and x.device.type == "cpu"
+        )
+
+    def run(self, steps: list[Any], x: Any) -> Any:
+        import torch
+
+        from ..vision import functional as K
+        from ..vision.image import FastImage
+
+        v2 = self.v2
+        if not steps:
+            return None
+        if isinstance(x, FastImage) and x.array is not None:
+            if type(steps[0]) not in (v2.PILToTensor, v2.ToImage):
+                return None
+            probe_type = self.image_type if type(steps[0]) is v2.ToImage else None
+            rest, planes = steps[1:], lambda: K.planes(x.array)
+            channels = K.get_image_num_channels(x.array)
+        elif self.takes_tensor(x) and x.is_contiguous():
+            probe_type = self.image_type if type(x) is self.image_type else None
+            rest, channels = steps, int(x.shape[0])
+            planes = lambda: [p.numpy() for p in x.as_subclass(torch.Tensor)]  # noqa: E731
+        else:
+            return None
+        key = self._key(rest, channels, probe_type)
+        if key is None:
+            return None
+        table, out_type = self.tables.get(key) or self._table(rest, channels, probe_type, key)
+        if table.shape[0] != channels and channels != 1:
+            return None
+        out = K.planes_through_tables(planes(), table)
+        return out if out_type is None else out_type(out)
+
+    def _key(self, rest: list[Any], channels: int, probe_type: Any) -> tuple[Any, ...] | None:
+        import torch
+
+        v2 = self.v2
+        if not 1 <= len(rest) <= 2 or type(rest[0]) is not v2.ToDtype:
+            return None
+        to_dtype = rest[0]
+        if to_dtype.dtype not in (torch.float32, torch.float64) or to_dtype.scale is not True:
+            return None
+        key: tuple[Any, ...] = (to_dtype.dtype, channels, probe_type)
+        if len(rest) == 2:
+            norm = rest[1]
+            if type(norm) is not v2.Normalize:
+                return None
+            key += (tuple(float(m) for m in norm.mean), tuple(float(s) for s in norm.std))
+        return key
+
+    def _table(self, rest: list[Any], channels: int, probe_type: Any, key: tuple[Any, ...]) -> tuple[Any, Any]:
+        import torch
+
+        probe = torch.arange(256, dtype=torch.uint8).view(1, 1, 256).expand(channels, 1, 256).contiguous()
+        if probe_type is not None:
+            probe = probe_type(probe)
+        for t in rest:
+            probe = t(probe)  # stock code: its arithmetic, its errors
+        out_type = type(probe) if type(probe) is not torch.Tensor else None
+        table = probe.as_subclass(torch.Tensor)[:, 0, :].contiguous().numpy()
+        if len(self.tables) > 64:
+            self.tables.clear()
+        self.tables[key] = (table, out_type)
+        return table, out_type

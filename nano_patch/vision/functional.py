@@ -442,27 +442,80 @@ def _gauss1d(size: int, sigma: float) -> np.ndarray:
 
 
 def to_tensor(a: np.ndarray, dtype: Any = None):
-    """``ToTensor``: CHW float in [0, 1], bit-identical to torchvision (one pass to float, one divide)."""
+    """``ToTensor``: CHW float in [0, 1], bit-identical to torchvision."""
+    import torch
+
+    dtype = dtype or torch.get_default_dtype()
+    if dtype in (torch.float32, torch.float64):
+        return _planes_through_tables(a, _tables(dtype, None, None, get_image_num_channels(a)))
     return _float_planes(a, dtype).div_(255)
 
 
 def to_tensor_normalized(a: np.ndarray, mean: Any, std: Any, dtype: Any = None):
-    """``ToTensor`` then ``Normalize(mean, std)`` in two passes instead of five, within 1e-6 of them.
+    """``ToTensor`` then ``Normalize(mean, std)`` in one pass, bit-identical to the two of them.
 
-    ``(x - 255 mean) / (255 std)`` rounds once per operation, like stock ``(x / 255 - mean) / std``.
-    A zero in ``std`` goes to stock ``normalize``, which raises its own error. So does a std below
-    1/8: outputs beyond about 8 have float32 steps near 1e-6, where reordering the arithmetic could
-    leave the 1e-6 bar.
+    A uint8 pixel has 256 possible values, so stock's per-element arithmetic
+    (``x.div(255).sub_(mean).div_(std)``) is run by torch itself on those 256 values per channel
+    once, and each plane is then one table lookup. Anything stock would reject or treat specially
+    (a zero std, means of the wrong shape) goes to stock ``normalize``, with its own error.
     """
     import torch
     from torchvision.transforms import functional as F
 
-    out = _float_planes(a, dtype)
-    m = torch.as_tensor(mean, dtype=out.dtype)
-    s = torch.as_tensor(std, dtype=out.dtype)
-    if (s.abs() < 0.125).any() or m.ndim > 1 or s.ndim > 1:
-        return F.normalize(out.div_(255), mean, std, inplace=True)
-    return out.sub_(m.mul(255).view(-1, 1, 1)).div_(s.mul(255).view(-1, 1, 1))
+    dtype = dtype or torch.get_default_dtype()
+    channels = get_image_num_channels(a)
+    m = torch.as_tensor(mean, dtype=dtype)
+    s = torch.as_tensor(std, dtype=dtype)
+    if (
+        dtype not in (torch.float32, torch.float64) or m.ndim > 1 or s.ndim > 1 or m.numel() not in (1, channels)
+        or s.numel() not in (1, channels) or bool((s == 0).any())
+    ):
+        return F.normalize(to_tensor(a, dtype), mean, std, inplace=True)
+    key = (tuple(m.tolist()), tuple(s.tolist()))
+    return _planes_through_tables(a, _tables(dtype, *key, channels))
+
+
+_TABLES: dict[tuple[Any, ...], np.ndarray] = {}
+
+
+def _tables(dtype: Any, mean: tuple[float, ...] | None, std: tuple[float, ...] | None, channels: int) -> np.ndarray:
+    """A channels x 256 table: torch's own ToTensor (+ Normalize) arithmetic on every uint8 value."""
+    import torch
+
+    key = (dtype, mean, std, channels)
+    table = _TABLES.get(key)
+    if table is None:
+        v = torch.arange(256, dtype=torch.uint8).to(dtype).div(255).expand(channels, 256).contiguous()
+        if mean is not None and std is not None:
+            v.sub_(torch.tensor(mean, dtype=dtype).view(-1, 1)).div_(torch.tensor(std, dtype=dtype).view(-1, 1))
+        table = v.numpy()
+        if len(_TABLES) > 64:
+            _TABLES.clear()
+        _TABLES[key] = table
+    return table
+
+
+def planes(a: np.ndarray) -> list[np.ndarray]:
+    """The image's channels as contiguous H x W planes."""
+    return list(cv2().split(_contig(a))) if a.ndim == 3 else [_contig(a)]
+
+
+def planes_through_tables(channels: list[np.ndarray], table: np.ndarray):
+    """A C x H x W tensor: plane ``c`` looked up in row ``c`` of the C x 256 ``table``.
+
+    One plane and several rows broadcast, as a 1-channel image normalised with 3 means does.
+    """
+    import torch
+
+    h, w = channels[0].shape
+    out = np.empty((table.shape[0], h, w), dtype=table.dtype)
+    for c in range(table.shape[0]):
+        cv2().LUT(channels[c if len(channels) > 1 else 0], table[c], dst=out[c])
+    return torch.from_numpy(out)
+
+
+def _planes_through_tables(a: np.ndarray, table: np.ndarray):
+    return planes_through_tables(planes(a), table)
 
 
 def _float_planes(a: np.ndarray, dtype: Any = None):
