@@ -26,33 +26,42 @@ from ..config import Options
 from ..registry import Patch, stock_copy
 
 # PIL backend function -> accelerate PIL RGB/L input as well (else only arrays take the kernel).
-_PIL_BACKEND: dict[str, bool] = {
-    "get_dimensions": False,
-    "get_image_size": False,
-    "get_image_num_channels": False,
-    "hflip": False,
-    "vflip": False,
-    "crop": False,
-    "pad": False,
-    "resize": False,  # the kernel is PIL's own resize (exact); plain PIL input gains nothing
-    "adjust_brightness": True,
-    "adjust_contrast": True,
-    "adjust_saturation": True,
-    "adjust_hue": True,
-    "adjust_sharpness": True,
-    "adjust_gamma": True,
-    "to_grayscale": True,
-    "invert": False,
-    "posterize": False,
-    "solarize": False,
-    "autocontrast": False,
-    "equalize": False,
-    "affine": True,
-    "rotate": True,
-    "perspective": True,
+# PIL backend function -> (policy, also run the kernel for plain PIL RGB/L input).
+# A FastImage holds its pixels either as an array (after decoding or an array kernel) or as a PIL
+# core (after a PIL operation); each function takes the representation it is fastest on, so the
+# pixels are copied between the two only where that pays:
+#   "pil": PIL's own code always (PIL-exact arithmetic that no array kernel beats here);
+#   "kernel": the array kernel, copying the pixels out of PIL first if PIL holds them;
+#   "either": the array kernel on an array, PIL's own (cheap) operation on a PIL core.
+_PIL_BACKEND: dict[str, tuple[str, bool]] = {
+    "get_dimensions": ("pil", False),
+    "get_image_size": ("pil", False),
+    "get_image_num_channels": ("pil", False),
+    "hflip": ("either", False),
+    "vflip": ("either", False),
+    "crop": ("either", False),
+    "pad": ("either", False),
+    "resize": ("pil", False),  # through FastImage.resize: OpenCV's exact nearest on an array, else PIL
+    "adjust_brightness": ("kernel", True),
+    "adjust_contrast": ("kernel", True),
+    "adjust_saturation": ("pil", False),
+    "adjust_hue": ("pil", False),
+    "adjust_sharpness": ("pil", False),
+    "adjust_gamma": ("either", False),
+    "to_grayscale": ("pil", False),
+    "invert": ("either", False),
+    "posterize": ("either", False),
+    "solarize": ("either", False),
+    "autocontrast": ("either", False),
+    "equalize": ("either", False),
+    "affine": ("kernel", True),
+    "rotate": ("kernel", True),
+    "perspective": ("kernel", True),
 }
 
-def _backend_wrapper(original: Callable[..., Any], kernel: Callable[..., Any], pil_too: bool) -> Callable[..., Any]:
+
+def _backend_wrapper(original: Callable[..., Any], kernel: Callable[..., Any] | None, policy: str,
+                     pil_too: bool) -> Callable[..., Any]:
     import numpy as np
     from PIL import Image
 
@@ -68,15 +77,14 @@ def _backend_wrapper(original: Callable[..., Any], kernel: Callable[..., Any], p
         # stock code, which returns its own result or raises its own exception.
         if isinstance(img, FastImage):
             a = img.array
-            if a is None and pil_too:
-                a = np.asarray(img)  # PIL took the pixels over (a user function touched them)
-            if a is not None:
-                try:
-                    out = kernel(a, *args, **kwargs)
-                except Exception:  # noqa: BLE001
-                    return original(img, *args, **kwargs)
-                return FastImage.wrap(out) if isinstance(out, np.ndarray) else out
-        elif pil_too and isinstance(img, Image.Image) and img.mode in ("RGB", "L"):
+            if kernel is None or (a is None and policy == "either"):
+                return FastImage.keep(original(img, *args, **kwargs))
+            try:
+                out = kernel(np.asarray(img) if a is None else a, *args, **kwargs)
+            except Exception:  # noqa: BLE001
+                return FastImage.keep(original(img, *args, **kwargs))
+            return FastImage.wrap(out) if isinstance(out, np.ndarray) else out
+        if pil_too and kernel is not None and isinstance(img, Image.Image) and img.mode in ("RGB", "L"):
             try:
                 out = kernel(np.asarray(img), *args, **kwargs)
             except Exception:  # noqa: BLE001
@@ -203,9 +211,10 @@ class VisionTransformsPatch(Patch):
         from ..vision import pipeline
 
         pipeline.configure(module.ToTensor, module.Normalize, module.Compose)
-        for name, pil_too in _PIL_BACKEND.items():
+        for name, (policy, pil_too) in _PIL_BACKEND.items():
             func = getattr(F_pil, name)
-            self.record.redirect(func, _backend_wrapper(stock_copy(func), getattr(K, name), pil_too))
+            kernel = None if policy == "pil" else getattr(K, name)
+            self.record.redirect(func, _backend_wrapper(stock_copy(func), kernel, policy, pil_too))
         self.record.redirect(F.to_tensor, _to_tensor_wrapper(stock_copy(F.to_tensor)))
         self.record.redirect(F.pil_to_tensor, _pil_to_tensor_wrapper(stock_copy(F.pil_to_tensor)))
         self.record.redirect(F.gaussian_blur, _gaussian_blur_wrapper(stock_copy(F.gaussian_blur)))

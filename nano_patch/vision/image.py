@@ -20,7 +20,6 @@ import numpy as np
 from PIL import Image
 
 _MODES = {2: "L", 3: "RGB"}
-_FAST_FILTERS = (Image.Resampling.NEAREST, Image.Resampling.BILINEAR, Image.Resampling.BICUBIC)
 
 
 class FastImage(Image.Image):
@@ -38,6 +37,21 @@ class FastImage(Image.Image):
         obj._size = (int(a.shape[1]), int(a.shape[0]))
         obj._array = obj._anchor = a
         return obj
+
+    @classmethod
+    def adopt(cls, img: Image.Image) -> FastImage:
+        """An image over the PIL core of the plain, loaded RGB/L image ``img`` (not copied)."""
+        obj = cls()
+        obj._mode, obj._size = img.mode, img.size
+        obj._im = img.im
+        return obj
+
+    @classmethod
+    def keep(cls, out: Any) -> Any:
+        """A stock operation's result: a plain PIL RGB/L image is carried on as a ``FastImage``."""
+        if type(out) is Image.Image and out.mode in _MODES.values():
+            return cls.adopt(out)
+        return out
 
     @property
     def array(self) -> np.ndarray | None:
@@ -89,24 +103,21 @@ class FastImage(Image.Image):
         """An ordinary ``PIL.Image.Image`` with the same pixels (what stock code would return)."""
         a = self._array
         if a is None:
-            return self.copy()
+            return self._new(self.im)  # the same PIL core, not copied: this object is done with it
         return Image.fromarray(np.ascontiguousarray(a))
 
     def resize(self, size: Any, resample: Any = None, box: Any = None, reducing_gap: Any = None) -> Image.Image:
-        """``Image.resize`` through the accelerated kernel for the filters it reproduces (v2 calls this directly)."""
+        """``Image.resize``: OpenCV's exact nearest neighbour on an array, else PIL's own (v2 calls this directly)."""
         a = self._array
-        f = Image.Resampling.BICUBIC if resample is None else resample
         if (
-            a is None or box is not None or reducing_gap is not None or f not in _FAST_FILTERS
-            or not isinstance(size, (tuple, list)) or len(size) != 2
-            or not all(isinstance(s, int) and s > 0 for s in size)
+            a is not None and resample == Image.Resampling.NEAREST and box is None and reducing_gap is None
+            and isinstance(size, (tuple, list)) and len(size) == 2
+            and all(isinstance(s, int) and s > 0 for s in size) and tuple(size) != self.size
         ):
-            return super().resize(size, resample, box, reducing_gap)
-        if tuple(size) == self.size:
-            return FastImage.wrap(a)
-        from . import functional as K
+            from . import functional as K
 
-        return FastImage.wrap(K.resize(a, [size[1], size[0]], f))
+            return FastImage.wrap(K.resize(a, [size[1], size[0]], resample))
+        return FastImage.keep(super().resize(size, resample, box, reducing_gap))
 
 
 def _new_plain_image() -> Image.Image:
@@ -123,7 +134,10 @@ def plain(x: Any) -> Any:
 
 
 def fast(x: Any) -> Any:
-    """A plain PIL ``RGB``/``L`` image as a ``FastImage`` (its pixels copied once); anything else unchanged."""
-    if isinstance(x, Image.Image) and not isinstance(x, FastImage) and x.mode in ("RGB", "L"):
-        return FastImage.wrap(np.asarray(x))
-    return x
+    """A PIL ``RGB``/``L`` image as a ``FastImage`` (a plain one shares its PIL core; an image file
+    that may still be loading is copied once); anything else unchanged."""
+    if isinstance(x, FastImage) or not isinstance(x, Image.Image) or x.mode not in ("RGB", "L"):
+        return x
+    if type(x) is Image.Image:
+        return FastImage.adopt(x)
+    return FastImage.wrap(np.asarray(x))

@@ -100,22 +100,25 @@ def run(transforms: Sequence[Callable[..., Any]], img: Any, *,
     i = 0
     while i < len(items):
         t = items[i]
-        a = x.array if isinstance(x, FastImage) else None
+        carried = isinstance(x, FastImage)
         if (
-            a is not None
+            carried
             and type(t) is _to_tensor_cls
             and i + 1 < len(items)
             and type(items[i + 1]) is _normalize_cls
         ):
-            # ToTensor then Normalize: normalise the fresh tensor in place, skipping Normalize's copy.
+            # ToTensor then Normalize: one table lookup per channel, stock's arithmetic bit for bit.
             norm = items[i + 1]
-            x = K.to_tensor_normalized(a, norm.mean, norm.std)
+            x = K.to_tensor_normalized(K.from_pil(x), norm.mean, norm.std)
             i += 2
             continue
-        before = x
         x = t(x)
-        if stats is not None and a is not None:
-            _count(stats, t, i, left=before.array is None)
+        if carried and not isinstance(x, FastImage) and takes(x):
+            if stats is not None:
+                _count(stats, t, i, left=True)
+            x = fast(x)  # a step that returned plain PIL: carried on, its pixels not copied
+        elif carried and stats is not None:
+            _count(stats, t, i, left=False)
         i += 1
     return plain(x) if plain_out else x
 
@@ -124,7 +127,7 @@ def _count(stats: report.Stats, t: Any, position: int, left: bool) -> None:
     name = type(t).__name__
     if left:
         stats.count("vision_transforms", False,
-                    f"`{name}` at position {position} of the Compose: PIL code took the pixels over there")
+                    f"`{name}` at position {position} of the Compose: PIL code took the pixels there")
     else:
         stats.count("vision_transforms", True, name)
 

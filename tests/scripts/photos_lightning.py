@@ -1,6 +1,6 @@
 """A small plain Lightning script over an ImageFolder of JPEGs (it never imports nano_patch).
 
-argv: DATA_DIR [workers]. The transform holds a Lambda, so the report has a fallback to name.
+argv: DATA_DIR [workers]. The transform holds a Lambda that runs PIL code, so the report has a fallback to name.
 """
 
 import sys
@@ -27,7 +27,8 @@ class Tiny(pl.LightningModule):
 
 
 if __name__ == "__main__":
-    tf = T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.Lambda(lambda im: im), T.ToTensor()])
+    tf = T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.Lambda(lambda im: im.transpose(0)),
+                    T.ToTensor()])
     data = ImageFolder(sys.argv[1], transform=tf)
     workers = int(sys.argv[2]) if len(sys.argv) > 2 else 0
     loader = DataLoader(data, batch_size=4, shuffle=True, num_workers=workers)
