@@ -95,12 +95,12 @@ class _TensorTail:
         v2 = self.v2
         if not steps:
             return None
-        if isinstance(x, FastImage) and x.array is not None:
+        if isinstance(x, FastImage):
             if type(steps[0]) not in (v2.PILToTensor, v2.ToImage):
                 return None
             probe_type = self.image_type if type(steps[0]) is v2.ToImage else None
-            rest, planes = steps[1:], lambda: K.planes(x.array)
-            channels = K.get_image_num_channels(x.array)
+            rest, planes = steps[1:], lambda: K.planes(K.from_pil(x))
+            channels = 1 if x.mode == "L" else 3
         elif self.takes_tensor(x) and x.is_contiguous():
             probe_type = self.image_type if type(x) is self.image_type else None
             rest, channels = steps, int(x.shape[0])
