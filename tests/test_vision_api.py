@@ -38,6 +38,7 @@ def _photo(h: int, w: int) -> np.ndarray:
 
 def images() -> dict[str, object]:
     rgb = Image.fromarray(_photo(9, 11))
+    rgb.info["dpi"] = (72, 72)  # PIL copies info into some results and not others: so must the patch
     out: dict[str, object] = {
         "pil_rgb": rgb,
         "pil_l": rgb.convert("L"),
@@ -125,7 +126,7 @@ def _compare(name: str, got, want) -> None:
         return
     assert type(got) is type(want), f"{name}: {type(got).__name__} against stock's {type(want).__name__}"
     if isinstance(want, Image.Image):
-        assert (got.mode, got.size) == (want.mode, want.size), name
+        assert (got.mode, got.size, got.info) == (want.mode, want.size, want.info), name
         a, b = np.asarray(got).astype(np.int64), np.asarray(want).astype(np.int64)
     elif isinstance(want, torch.Tensor):
         assert (got.dtype, got.shape) == (want.dtype, want.shape), name

@@ -60,6 +60,11 @@ _PIL_BACKEND: dict[str, tuple[str, bool]] = {
 }
 
 
+# Stock's result of these has an empty ``info`` (PIL builds it from a new image); every other
+# function copies the source image's ``info``, as PIL's operations do.
+_DROPS_INFO = frozenset({"pad", "adjust_brightness", "adjust_contrast"})
+
+
 def _backend_wrapper(original: Callable[..., Any], kernel: Callable[..., Any] | None, policy: str,
                      pil_too: bool) -> Callable[..., Any]:
     import numpy as np
@@ -70,6 +75,7 @@ def _backend_wrapper(original: Callable[..., Any], kernel: Callable[..., Any] | 
 
     name = original.__name__
     counted = not name.startswith("get_")  # size queries do no pixel work
+    keeps_info = name not in _DROPS_INFO
 
     def route(img: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         # Only the patch's own images and PIL RGB/L take a kernel; everything else, a user's
@@ -83,13 +89,18 @@ def _backend_wrapper(original: Callable[..., Any], kernel: Callable[..., Any] | 
                 out = kernel(np.asarray(img) if a is None else a, *args, **kwargs)
             except Exception:  # noqa: BLE001
                 return FastImage.keep(original(img, *args, **kwargs))
-            return FastImage.wrap(out) if isinstance(out, np.ndarray) else out
+            return FastImage.wrap(out, img.info if keeps_info else None) if isinstance(out, np.ndarray) else out
         if pil_too and kernel is not None and isinstance(img, Image.Image) and img.mode in ("RGB", "L"):
             try:
                 out = kernel(np.asarray(img), *args, **kwargs)
             except Exception:  # noqa: BLE001
                 return original(img, *args, **kwargs)
-            return K.to_pil(out) if isinstance(out, np.ndarray) else out
+            if isinstance(out, np.ndarray):
+                result = K.to_pil(out)
+                if keeps_info:
+                    result.info = img.info.copy()
+                return result
+            return out
         return original(img, *args, **kwargs)
 
     def patched(img: Any, *args: Any, **kwargs: Any) -> Any:
@@ -153,7 +164,7 @@ def _gaussian_blur_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
         if a is None and not (isinstance(img, Image.Image) and img.mode in ("RGB", "L")):
             return original(img, kernel_size, sigma)
         ks, sg = _blur_args(kernel_size, sigma)
-        if isinstance(img, FastImage):
+        if isinstance(img, FastImage):  # stock's blurred image has an empty info, as this one
             return FastImage.wrap(K.gaussian_blur(np.asarray(img) if a is None else a, ks, sg))
         return K.to_pil(K.gaussian_blur(np.asarray(img), ks, sg))
 

@@ -6,10 +6,12 @@ v2), in PIL and in user code treats it as the PIL image stock code would have ha
 acceptance and rejection rules hold unchanged; a user's own ``np.ndarray`` is never mistaken for an
 image. The patched PIL backend reads :attr:`FastImage.array` and answers with a new ``FastImage``.
 
-The first time any PIL code touches the pixels (``img.im``, ``load()``, ``convert()``, ``paste()``,
-saving...), the array is copied into a PIL core once and from then on the object is an ordinary
-PIL image: PIL may change the core in place, so the array is no longer used for pixels (it is kept
-only so that NumPy arrays made from it earlier stay valid).
+The pixels are held either as an array (after decoding, or an array kernel) or as a PIL core
+(after a PIL operation, or adopted without a copy from a plain PIL image). The first time PIL code
+touches an array-held image (``img.im``, ``load()``, ``convert()``, ``paste()``, saving...), the
+array is copied into a PIL core once, and from then on the object holds a core: PIL may change it
+in place, so the array is no longer used for pixels (it is kept only so that NumPy arrays made from
+it earlier stay valid). Each patched operation uses whichever form it is fastest on.
 """
 
 from __future__ import annotations
@@ -23,19 +25,24 @@ _MODES = {2: "L", 3: "RGB"}
 
 
 class FastImage(Image.Image):
-    """A PIL ``RGB`` or ``L`` image backed by an H x W x 3 (or H x W) uint8 array."""
+    """A PIL ``RGB`` or ``L`` image whose pixels are an H x W x 3 (or H x W) uint8 array or a PIL core."""
 
     _array: np.ndarray | None = None  # the pixels, until PIL takes them over
     _anchor: np.ndarray | None = None  # keeps memory alive for arrays handed out by __array_interface__
     _core: Any = None
 
     @classmethod
-    def wrap(cls, a: np.ndarray) -> FastImage:
-        """An image over ``a`` (not copied; the caller gives up writing to it)."""
+    def wrap(cls, a: np.ndarray, info: dict[Any, Any] | None = None) -> FastImage:
+        """An image over ``a`` (not copied; the caller gives up writing to it).
+
+        ``info``: the source image's ``info``, copied as PIL copies it into an operation's result.
+        """
         obj = cls()
         obj._mode = _MODES[a.ndim]
         obj._size = (int(a.shape[1]), int(a.shape[0]))
         obj._array = obj._anchor = a
+        if info:
+            obj.info = info.copy()
         return obj
 
     @classmethod
@@ -44,6 +51,7 @@ class FastImage(Image.Image):
         obj = cls()
         obj._mode, obj._size = img.mode, img.size
         obj._im = img.im
+        obj.info = img.info.copy()
         return obj
 
     @classmethod
@@ -104,7 +112,9 @@ class FastImage(Image.Image):
         a = self._array
         if a is None:
             return self._new(self.im)  # the same PIL core, not copied: this object is done with it
-        return Image.fromarray(np.ascontiguousarray(a))
+        out = Image.fromarray(np.ascontiguousarray(a))
+        out.info = self.info.copy()
+        return out
 
     def resize(self, size: Any, resample: Any = None, box: Any = None, reducing_gap: Any = None) -> Image.Image:
         """``Image.resize``: OpenCV's exact nearest neighbour on an array, else PIL's own (v2 calls this directly)."""
@@ -116,7 +126,7 @@ class FastImage(Image.Image):
         ):
             from . import functional as K
 
-            return FastImage.wrap(K.resize(a, [size[1], size[0]], resample))
+            return FastImage.wrap(K.resize(a, [size[1], size[0]], resample), self.info)
         return FastImage.keep(super().resize(size, resample, box, reducing_gap))
 
 
