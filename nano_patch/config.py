@@ -15,6 +15,8 @@ from typing import Any
 ENV_PREFIX = "NANO_PATCH_"
 #: Set by ``patch_torch()`` and ``nano-patch run`` so that child processes come up patched.
 STARTUP_ENV = "_NANO_PATCH_STARTUP"
+#: ``NANO_PATCH_*`` variables that are settings of the install, not patch options.
+NON_OPTION_ENV = frozenset({"NANO_PATCH_CACHE_DIR"})
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -183,7 +185,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     environ = os.environ if environ is None else environ
     found: dict[str, Any] = {}
     for key, raw in environ.items():
-        if not key.startswith(ENV_PREFIX):
+        if not key.startswith(ENV_PREFIX) or key in NON_OPTION_ENV:
             continue
         field = key[len(ENV_PREFIX):].lower()
         if field not in ACCEPTED:

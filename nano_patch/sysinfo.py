@@ -56,4 +56,13 @@ def summary() -> dict[str, object]:
         "avx512_bf16": "avx512_bf16" in flags,
         "amx_bf16": "amx_bf16" in flags,
         "pil": "{} {}".format(*pillow_distribution()),
+        "hue_kernel": _hue_kernel_state(),
     }
+
+
+def _hue_kernel_state() -> str:
+    try:
+        from .vision import native
+    except Exception as exc:  # noqa: BLE001 - a summary never fails
+        return f"unavailable: {exc!r}"
+    return native.state()

@@ -45,7 +45,7 @@ _PIL_BACKEND: dict[str, tuple[str, bool]] = {
     "adjust_brightness": ("kernel", True),
     "adjust_contrast": ("kernel", True),
     "adjust_saturation": ("pil", False),
-    "adjust_hue": ("pil", False),
+    "adjust_hue": ("kernel", True),  # the compiled kernel; PIL's code where it cannot be built
     "adjust_sharpness": ("pil", False),
     "adjust_gamma": ("either", False),
     "to_grayscale": ("pil", False),
@@ -62,7 +62,7 @@ _PIL_BACKEND: dict[str, tuple[str, bool]] = {
 
 # Stock's result of these has an empty ``info`` (PIL builds it from a new image); every other
 # function copies the source image's ``info``, as PIL's operations do.
-_DROPS_INFO = frozenset({"pad", "adjust_brightness", "adjust_contrast"})
+_DROPS_INFO = frozenset({"pad", "adjust_brightness", "adjust_contrast", "adjust_hue"})
 
 
 def _backend_wrapper(original: Callable[..., Any], kernel: Callable[..., Any] | None, policy: str,

@@ -289,11 +289,24 @@ def _gray(a: np.ndarray) -> np.ndarray:
     return np.asarray(to_pil(a).convert("L"))
 
 
-# Hue (PIL's HSV round trip), saturation (its blend with the grey image), sharpness (its SMOOTH
-# filter, integer arithmetic in Pillow and different again in pillow-simd) and grayscale have no
-# kernel here: the patch runs PIL's own code for them, exact by construction on whichever PIL is
-# installed. OpenCV versions were 1-6 levels off. An exact table form of the hue round trip
-# (verified on all 2**24 colours) ran at 3.3 ms in NumPy against PIL's 2.9 ms at 340x256.
+# Saturation (PIL's blend with the grey image), sharpness (its SMOOTH filter, integer arithmetic in
+# Pillow and different again in pillow-simd) and grayscale have no kernel here: the patch runs PIL's
+# own code for them, exact by construction on whichever PIL is installed. OpenCV versions were 1-6
+# levels off. Hue is PIL's HSV round trip in a small compiled kernel (``native``), checked against
+# the installed PIL before first use; NumPy forms of it were no faster than PIL.
+
+
+def adjust_hue(a: np.ndarray, hue_factor: float) -> np.ndarray:
+    """PIL's hue shift on an RGB array, bit-exact; raises (so that stock code runs) for anything else."""
+    from . import native
+
+    if a.ndim != 3 or a.shape[2] != 3:
+        raise TypeError("the hue kernel takes RGB; stock returns other modes unchanged")
+    if not (-0.5 <= hue_factor <= 0.5):
+        raise ValueError(f"hue_factor ({hue_factor}) is not in [-0.5, 0.5].")
+    # torchvision's own expression, so that a float32 or tensor factor truncates as in stock.
+    shift = int(np.int32(hue_factor * 255).astype(np.uint8))
+    return native.hue_shift(a, shift)
 
 
 def adjust_brightness(a: np.ndarray, brightness_factor: float) -> np.ndarray:
