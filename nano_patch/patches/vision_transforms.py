@@ -75,6 +75,12 @@ def _backend_wrapper(original: Callable[..., Any], kernel: Callable[..., Any] | 
 
     name = original.__name__
     counted = not name.startswith("get_")  # size queries do no pixel work
+
+    def declines(size: tuple[int, int], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        try:
+            return K.declines(name, size, *args, **kwargs)
+        except Exception:  # noqa: BLE001 - odd arguments: let the kernel or stock code judge them
+            return False
     keeps_info = name not in _DROPS_INFO
 
     def route(img: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -83,14 +89,15 @@ def _backend_wrapper(original: Callable[..., Any], kernel: Callable[..., Any] | 
         # stock code, which returns its own result or raises its own exception.
         if isinstance(img, FastImage):
             a = img.array
-            if kernel is None or (a is None and policy == "either"):
+            if kernel is None or (a is None and policy == "either") or (a is None and declines(img.size, args, kwargs)):
                 return FastImage.keep(original(img, *args, **kwargs))
             try:
                 out = kernel(np.asarray(img) if a is None else a, *args, **kwargs)
             except Exception:  # noqa: BLE001
                 return FastImage.keep(original(img, *args, **kwargs))
             return FastImage.wrap(out, img.info if keeps_info else None) if isinstance(out, np.ndarray) else out
-        if pil_too and kernel is not None and isinstance(img, Image.Image) and img.mode in ("RGB", "L"):
+        if (pil_too and kernel is not None and isinstance(img, Image.Image) and img.mode in ("RGB", "L")
+                and not declines(img.size, args, kwargs)):
             try:
                 out = kernel(np.asarray(img), *args, **kwargs)
             except Exception:  # noqa: BLE001
