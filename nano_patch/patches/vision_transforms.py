@@ -77,6 +77,8 @@ def _backend_wrapper(original: Callable[..., Any], kernel: Callable[..., Any] | 
     counted = not name.startswith("get_")  # size queries do no pixel work
 
     def declines(size: tuple[int, int], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        if name not in K.MAY_DECLINE:
+            return False
         try:
             return K.declines(name, size, *args, **kwargs)
         except Exception:  # noqa: BLE001 - odd arguments: let the kernel or stock code judge them

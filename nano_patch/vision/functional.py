@@ -222,10 +222,14 @@ def _check_warp(a: np.ndarray, interpolation: int, nearest_to_pil: bool) -> None
         raise StockIsBetter("PIL's own warp is exact and as fast here")
 
 
+#: The kernels that :func:`declines` can answer True for.
+MAY_DECLINE = frozenset({"affine", "rotate"})
+
+
 def declines(name: str, size: tuple[int, int], *args: Any, **kwargs: Any) -> bool:
     """True where the kernel ``name`` would raise :class:`StockIsBetter` for an image of ``size`` (w, h):
     the caller then skips copying the pixels out of PIL for nothing."""
-    if name not in ("affine", "rotate"):
+    if name not in MAY_DECLINE:
         return False
     # interpolation follows the matrix (affine) or the angle (rotate)
     interpolation = kwargs.get("interpolation", args[1] if len(args) > 1 else Image.NEAREST)

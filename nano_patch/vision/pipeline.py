@@ -62,10 +62,6 @@ def emit_uint8(compose: Any) -> None:
     _uint8_out.add(compose)
 
 
-def wants_uint8(compose: Any) -> bool:
-    return compose in _uint8_out
-
-
 def behaves_as(t: Any, base: type) -> bool:
     """``t`` is a ``base``, and no class between its own and ``base`` overrides ``__call__`` or ``forward``."""
     for klass in type(t).__mro__:
