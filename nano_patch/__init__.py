@@ -121,8 +121,10 @@ def options() -> Options:
 
 
 def status() -> dict[str, Any]:
-    """Every patch as applied, pending, skipped or off (with the reason and versions), plus CPU facts."""
+    """Every patch as applied, pending, skipped or off (with the reason and versions), each native image
+    kernel (native, with its instruction set, or on PIL's code and why), plus CPU facts."""
     from . import sysinfo
 
-    return {"patched": is_patched(), "patches": _get_manager().status(), "system": sysinfo.summary()}
+    return {"patched": is_patched(), "patches": _get_manager().status(), "kernels": sysinfo.native_kernels(),
+            "system": sysinfo.summary()}
 

@@ -180,6 +180,9 @@ def _status(as_json: bool) -> int:
         )
         reason = f" - {row['reason']}" if row["reason"] else ""
         print(f"  {row['name']:<30} {row['state']:<9}{reason}  [{versions}]")
+    print("native image kernels:")
+    for name, state in info["kernels"].items():
+        print(f"  {name:<30} {state}")
     sysinfo = info["system"]
     print("system: " + ", ".join(f"{k}={v}" for k, v in sysinfo.items()))
     return 0

@@ -15,8 +15,8 @@ from typing import Any
 ENV_PREFIX = "NANO_PATCH_"
 #: Set by ``patch_torch()`` and ``nano-patch run`` so that child processes come up patched.
 STARTUP_ENV = "_NANO_PATCH_STARTUP"
-#: ``NANO_PATCH_*`` variables that are settings of the install, not patch options.
-NON_OPTION_ENV = frozenset({"NANO_PATCH_CACHE_DIR"})
+#: ``NANO_PATCH_*`` variables that are settings of the native kernels (vision/native.py), not patch options.
+NON_OPTION_ENV = frozenset({"NANO_PATCH_NO_NATIVE", "NANO_PATCH_NATIVE_ISA"})
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}

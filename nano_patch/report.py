@@ -27,7 +27,7 @@ REPORT_DIR_ENV = "_NANO_PATCH_REPORT_DIR"
 FLUSH_SECONDS = 1.0
 #: Share of the step spent waiting for data above which the report suggests DataLoader workers.
 DATA_WAIT_ADVICE = 0.20
-#: Share of image loading time spent resizing above which the report suggests pillow-simd.
+#: Share of image loading time spent resizing above which the report says how to make resizes faster.
 RESIZE_ADVICE = 0.10
 
 
@@ -216,7 +216,8 @@ def stop_workers() -> None:
 
 
 def compose(wall_time: float, patch_rows: list[dict[str, Any]], unused_knobs: list[str],
-            trained: list[dict[str, Any]], has_native_bf16: bool, pillow_simd: bool) -> dict[str, Any]:
+            trained: list[dict[str, Any]], has_native_bf16: bool, pillow_simd: bool,
+            native_resample: str = "") -> dict[str, Any]:
     """The report as a dict: wall time, training time split, per-patch counts, next steps."""
     if stats is not None:
         stop_workers()
@@ -248,11 +249,14 @@ def compose(wall_time: float, patch_rows: list[dict[str, Any]], unused_knobs: li
         })
 
     advice = []
-    if not pillow_simd and seconds.get("load", 0) > 0:
-        share = seconds.get("resize", 0.0) / seconds["load"]
-        if share > RESIZE_ADVICE:
-            advice.append(f"pillow-simd is not installed and resizes took {share:.0%} of image loading time: "
-                          "`nano-patch install-simd` makes them several times faster, with identical output")
+    resize_share = seconds.get("resize", 0.0) / seconds["load"] if seconds.get("load", 0) > 0 else 0.0
+    if resize_share > RESIZE_ADVICE and native_resample.startswith("PIL's code") and not pillow_simd:
+        # Only where the exact native resize cannot run (built without a compiler, say).
+        advice.append(
+            f"resizes took {resize_share:.0%} of image loading time on PIL's own code ({native_resample[12:]}): "
+            "reinstall nano-patch where a C compiler is available to get its exact native resize; "
+            "`nano-patch install-simd` is faster too, but pillow-simd's resized pixels differ from Pillow's "
+            "(by up to 1 level on bilinear, more on bicubic and lanczos), so your pipeline's output changes")
     fp32 = [t for t in trained if t.get("precision") != "bf16"]
     if has_native_bf16 and fp32:
         advice.append("this CPU computes bf16 natively but the model trained in fp32: try `nano-patch run --fast` "

@@ -141,4 +141,13 @@ def _report() -> dict[str, Any]:
     assert _run is not None
     rows = nano_patch.status()["patches"]
     return report.compose(time.monotonic() - _run["start"], rows, unused_knobs(), _trained,
-                          sysinfo.has_native_bf16(), sysinfo.pillow_is_simd())
+                          sysinfo.has_native_bf16(), sysinfo.pillow_is_simd(), _resample_state())
+
+
+def _resample_state() -> str:
+    try:
+        from .vision import native
+
+        return native.check_all()["resample"]
+    except Exception as exc:  # noqa: BLE001 - a report never fails
+        return f"PIL's code: {exc}"

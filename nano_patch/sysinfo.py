@@ -56,13 +56,14 @@ def summary() -> dict[str, object]:
         "avx512_bf16": "avx512_bf16" in flags,
         "amx_bf16": "amx_bf16" in flags,
         "pil": "{} {}".format(*pillow_distribution()),
-        "hue_kernel": _hue_kernel_state(),
     }
 
 
-def _hue_kernel_state() -> str:
+def native_kernels() -> dict[str, str]:
+    """Per native image kernel: ``native (<instruction set>)`` or ``PIL's code: <why>`` (checks them all)."""
     try:
         from .vision import native
+
+        return native.check_all()
     except Exception as exc:  # noqa: BLE001 - a summary never fails
-        return f"unavailable: {exc!r}"
-    return native.state()
+        return {"all": f"PIL's code: {type(exc).__name__}: {exc}"}

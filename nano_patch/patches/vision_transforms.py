@@ -41,14 +41,14 @@ _PIL_BACKEND: dict[str, tuple[str, bool]] = {
     "vflip": ("either", False),
     "crop": ("either", False),
     "pad": ("either", False),
-    "resize": ("pil", False),  # through FastImage.resize: OpenCV's exact nearest on an array, else PIL
+    "resize": ("kernel", True),  # the native resample (exact), or nearest through OpenCV's exact kernel
     "adjust_brightness": ("kernel", True),
     "adjust_contrast": ("kernel", True),
-    "adjust_saturation": ("pil", False),
+    "adjust_saturation": ("kernel", True),
     "adjust_hue": ("kernel", True),  # the compiled kernel; PIL's code where it cannot be built
     "adjust_sharpness": ("pil", False),
     "adjust_gamma": ("either", False),
-    "to_grayscale": ("pil", False),
+    "to_grayscale": ("kernel", True),
     "invert": ("either", False),
     "posterize": ("either", False),
     "solarize": ("either", False),
@@ -63,6 +63,12 @@ _PIL_BACKEND: dict[str, tuple[str, bool]] = {
 # Stock's result of these has an empty ``info`` (PIL builds it from a new image); every other
 # function copies the source image's ``info``, as PIL's operations do.
 _DROPS_INFO = frozenset({"pad", "adjust_brightness", "adjust_contrast", "adjust_hue"})
+
+
+def _keeps_info(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    if name == "to_grayscale":  # three channels: stock builds a new image from an array
+        return kwargs.get("num_output_channels", args[0] if args else None) == 1
+    return name not in _DROPS_INFO
 
 
 def _backend_wrapper(original: Callable[..., Any], kernel: Callable[..., Any] | None, policy: str,
@@ -83,7 +89,6 @@ def _backend_wrapper(original: Callable[..., Any], kernel: Callable[..., Any] | 
             return K.declines(name, size, *args, **kwargs)
         except Exception:  # noqa: BLE001 - odd arguments: let the kernel or stock code judge them
             return False
-    keeps_info = name not in _DROPS_INFO
 
     def route(img: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         # Only the patch's own images and PIL RGB/L take a kernel; everything else, a user's
@@ -97,7 +102,9 @@ def _backend_wrapper(original: Callable[..., Any], kernel: Callable[..., Any] | 
                 out = kernel(np.asarray(img) if a is None else a, *args, **kwargs)
             except Exception:  # noqa: BLE001
                 return FastImage.keep(original(img, *args, **kwargs))
-            return FastImage.wrap(out, img.info if keeps_info else None) if isinstance(out, np.ndarray) else out
+            if not isinstance(out, np.ndarray):
+                return out
+            return FastImage.wrap(out, img.info if _keeps_info(name, args, kwargs) else None)
         if (pil_too and kernel is not None and isinstance(img, Image.Image) and img.mode in ("RGB", "L")
                 and not declines(img.size, args, kwargs)):
             try:
@@ -106,7 +113,7 @@ def _backend_wrapper(original: Callable[..., Any], kernel: Callable[..., Any] | 
                 return original(img, *args, **kwargs)
             if isinstance(out, np.ndarray):
                 result = K.to_pil(out)
-                if keeps_info:
+                if _keeps_info(name, args, kwargs):
                     result.info = img.info.copy()
                 return result
             return out
@@ -219,7 +226,12 @@ class VisionTransformsPatch(Patch):
 
         missing = [n for n in _PIL_BACKEND if not callable(getattr(F_pil, n, None))]
         missing += [n for n in ("to_tensor", "pil_to_tensor", "gaussian_blur") if not callable(getattr(F, n, None))]
-        missing += [n for n in ("Compose", "ToTensor", "Normalize") if not isinstance(getattr(module, n, None), type)]
+        missing += [n for n in ("_compute_resized_output_size", "_interpolation_modes_from_int", "pil_modes_mapping",
+                                "InterpolationMode") if not hasattr(F, n)]
+        classes = ("Compose", "ToTensor", "Normalize", "PILToTensor", "ConvertImageDtype", "Resize", "CenterCrop",
+                   "RandomCrop", "RandomResizedCrop", "RandomHorizontalFlip", "RandomVerticalFlip", "ColorJitter",
+                   "Grayscale", "RandomGrayscale")
+        missing += [n for n in classes if not isinstance(getattr(module, n, None), type)]
         return f"torchvision internals changed: missing {', '.join(missing)}" if missing else None
 
     def _apply(self, module: ModuleType, options: Options) -> None:
@@ -230,7 +242,7 @@ class VisionTransformsPatch(Patch):
         from ..vision import functional as K
         from ..vision import pipeline
 
-        pipeline.configure(module.ToTensor, module.Normalize, module.Compose)
+        pipeline.configure(module)
         for name, (policy, pil_too) in _PIL_BACKEND.items():
             func = getattr(F_pil, name)
             kernel = None if policy == "pil" else getattr(K, name)

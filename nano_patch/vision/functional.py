@@ -2,13 +2,15 @@
 
 Each function mirrors the torchvision PIL backend function of the same name
 (``torchvision.transforms._functional_pil``): same arguments, same meaning, and the same pixels as
-PIL gives. Colour and point ops and resize are bit-exact (lookup tables in PIL's own arithmetic,
-or PIL itself); crops, flips and pads are exact; nearest-neighbour rotate and affine are PIL's own
-(exact, and as fast); bilinear and bicubic rotate/affine and every perspective (OpenCV warps) are
-within torchvision's own tensor-vs-PIL bar. An array stands in for a PIL image of mode ``RGB`` or ``L``.
-A kernel raises on any argument it does not handle; the patch then runs stock code, which returns
-stock's result or raises stock's exception. Nothing here patches anything or keeps global state
-beyond the per-process thread cap.
+PIL gives. Resize, grey, saturation, contrast and hue run the native kernels (``native``: PIL's
+arithmetic in C, checked against the installed PIL), or PIL's own code where a kernel is not
+available here; other colour and point ops are lookup tables in PIL's arithmetic; crops, flips and
+pads are exact; nearest-neighbour rotate and affine are PIL's own (exact, and as fast); bilinear and
+bicubic rotate/affine and every perspective (OpenCV warps) are within torchvision's own
+tensor-vs-PIL bar. An array stands in for a PIL image of mode ``RGB`` or ``L``. A kernel raises on
+any argument it does not handle; the patch then runs stock code, which returns stock's result or
+raises stock's exception. Nothing here patches anything or keeps global state beyond the
+per-process thread cap.
 
 Arrays may be views (a crop inside the image is free); every kernel accepts non-contiguous input.
 """
@@ -22,7 +24,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image, ImageEnhance, ImageOps
+
+from .. import report
+from . import native
 
 _cv2 = None
 #: OpenCV's thread count before the first kernel call, restored by :func:`release_cv2`.
@@ -68,6 +73,14 @@ def _real(x: Any) -> float:
     if isinstance(x, (str, bytes)) or not isinstance(x, numbers.Real):
         raise TypeError(f"expected a real number, got {type(x).__name__}")
     return float(x)
+
+
+def _factor(x: Any) -> float:
+    """A finite blend factor of a sane size; anything else is left to PIL's own code."""
+    f = _real(x)
+    if not math.isfinite(f) or abs(f) > 1e30:
+        raise ValueError(f"factor {f!r}: PIL's own code decides")
+    return f
 
 
 def _int(x: Any) -> int:
@@ -162,18 +175,39 @@ def pad(a: np.ndarray, padding: Any, fill: Any = 0, padding_mode: str = "constan
     return np.pad(a, widths, padding_mode)
 
 
-def resize(a: np.ndarray, size: list[int], interpolation: int = Image.BILINEAR) -> np.ndarray:
+#: PIL filters :func:`resize` reproduces on arrays: nearest, and the convolutions of the native resample.
+ARRAY_RESIZE_FILTERS = frozenset({0, *native.FILTERS})
+
+
+def resize(a: np.ndarray, size: list[int], interpolation: int = Image.BILINEAR, flip: bool = False) -> np.ndarray:
     """Resize to ``size`` = [height, width] exactly like ``PIL.Image.resize`` (always antialiased).
 
-    Nearest neighbour: OpenCV's exact nearest, which picks PIL's pixels. Every other filter: PIL's
-    own resize, so the output is bit-exact on whichever PIL is installed (pillow-simd's is about 7x
-    Pillow's). torch's uint8 antialiased kernel was 2-3x faster than plain Pillow but not exact: each
-    pass is within 1 level of PIL's, and the two passes together reached 2 on real crops.
+    ``flip``: mirror the result left to right as well (``hflip`` after the resize, at no cost).
+    Nearest neighbour: OpenCV's exact nearest, which picks PIL's pixels. The convolution filters:
+    the native resample (PIL's weights and fixed-point rounding, checked against the installed
+    PIL), else PIL's own resize; bit-exact on whichever PIL is installed either way.
     """
-    oh, ow = int(size[0]), int(size[1])
+    if not (isinstance(size, list) and len(size) == 2) or interpolation not in ARRAY_RESIZE_FILTERS:
+        raise TypeError(f"size {size!r} or filter {interpolation!r}: stock code decides")
+    oh, ow = _int(size[0]), _int(size[1])
+    if oh <= 0 or ow <= 0:
+        raise ValueError("empty size: stock code decides")
     if interpolation == Image.NEAREST:
-        return cv2().resize(_contig(a), (ow, oh), interpolation=cv2().INTER_NEAREST_EXACT)
-    return np.asarray(to_pil(a).resize((ow, oh), interpolation))
+        out = cv2().resize(_contig(a), (ow, oh), interpolation=cv2().INTER_NEAREST_EXACT)
+        return hflip(out) if flip else out
+    if interpolation in native.FILTERS:
+        try:
+            return native.resample(a, (oh, ow), int(interpolation), flip=flip)
+        except native.NativeUnavailable as exc:
+            _fell_back("resize", exc)
+    out = np.asarray(to_pil(a).resize((ow, oh), interpolation))
+    return hflip(out) if flip else out
+
+
+def _fell_back(kernel: str, exc: Exception) -> None:
+    """Count, for the run report, an operation that ran PIL's code because its native kernel could not."""
+    if report.stats is not None:
+        report.stats.count("vision_transforms", False, f"{kernel} ran PIL's code: {exc}")
 
 
 def _inverse_map(data: Sequence[float], perspective: bool) -> np.ndarray:
@@ -300,42 +334,79 @@ def _blend_lut(degenerate: float, factor: float) -> np.ndarray:
 
 
 def _gray(a: np.ndarray) -> np.ndarray:
-    """PIL's ``convert("L")``, run by PIL itself: pillow-simd's rounding differs from Pillow's formula."""
+    """PIL's ``convert("L")``: the native kernel, else PIL itself (pillow-simd's rounding differs)."""
     if a.ndim == 2:
         return a
+    try:
+        return native.rgb_to_l(a)
+    except native.NativeUnavailable as exc:
+        _fell_back("grayscale", exc)
     return np.asarray(to_pil(a).convert("L"))
 
 
-# Saturation (PIL's blend with the grey image), sharpness (its SMOOTH filter, integer arithmetic in
-# Pillow and different again in pillow-simd) and grayscale have no kernel here: the patch runs PIL's
-# own code for them, exact by construction on whichever PIL is installed. OpenCV versions were 1-6
-# levels off. Hue is PIL's HSV round trip in a small compiled kernel (``native``), checked against
-# the installed PIL before first use; NumPy forms of it were no faster than PIL.
+def to_grayscale(a: np.ndarray, num_output_channels: int) -> np.ndarray:
+    """torchvision's ``to_grayscale``: ``convert("L")``, the grey plane three times for 3 channels."""
+    if num_output_channels not in (1, 3) or isinstance(num_output_channels, bool):
+        raise ValueError("num_output_channels should be either 1 or 3")
+    g = _gray(a)
+    return g if num_output_channels == 1 else np.repeat(g[:, :, None], 3, axis=2)
+
+
+def adjust_saturation(a: np.ndarray, saturation_factor: float) -> np.ndarray:
+    """``ImageEnhance.Color``: PIL's float blend of the image with its grey; a grey image is unchanged."""
+    factor = _factor(saturation_factor)
+    if a.ndim == 2:
+        return a  # PIL blends the image with itself: a copy, and these arrays are never written to
+    try:
+        return native.saturation(a, factor)
+    except native.NativeUnavailable as exc:
+        _fell_back("saturation", exc)
+    return np.asarray(ImageEnhance.Color(to_pil(a)).enhance(factor))
 
 
 def adjust_hue(a: np.ndarray, hue_factor: float) -> np.ndarray:
     """PIL's hue shift on an RGB array, bit-exact; raises (so that stock code runs) for anything else."""
-    from . import native
-
     if a.ndim != 3 or a.shape[2] != 3:
         raise TypeError("the hue kernel takes RGB; stock returns other modes unchanged")
     if not (-0.5 <= hue_factor <= 0.5):
         raise ValueError(f"hue_factor ({hue_factor}) is not in [-0.5, 0.5].")
     # torchvision's own expression, so that a float32 or tensor factor truncates as in stock.
     shift = int(np.int32(hue_factor * 255).astype(np.uint8))
-    return native.hue_shift(a, shift)
+    try:
+        return native.hue_shift(a, shift)
+    except native.NativeUnavailable as exc:
+        _fell_back("hue", exc)
+    return native.pil_hue_shift(a, shift)
+
+
+def _blend_const(a: np.ndarray, value: int, factor: float) -> np.ndarray:
+    """PIL's blend of a constant grey with the image: the native kernel, else a table in PIL's arithmetic."""
+    try:
+        return native.blend_const(a, value, factor)
+    except native.NativeUnavailable as exc:
+        _fell_back("blend", exc)
+    return _lut(a, _blend_lut(float(value), factor))
 
 
 def adjust_brightness(a: np.ndarray, brightness_factor: float) -> np.ndarray:
-    return _lut(a, _blend_lut(0.0, _real(brightness_factor)))
+    return _blend_const(a, 0, _factor(brightness_factor))
+
+
+def contrast_mean(a: np.ndarray) -> int:
+    """ImageEnhance.Contrast's grey level: ``int(mean of convert("L") + 0.5)``, as ImageStat computes it."""
+    if a.ndim == 3:
+        try:
+            return native.contrast_mean(a)
+        except native.NativeUnavailable as exc:
+            _fell_back("grayscale", exc)
+    g = _gray(a)
+    # the exact integer sum of the grey histogram over the pixel count, as ImageStat does it
+    return int(int(g.sum(dtype=np.int64)) / g.size + 0.5)
 
 
 def adjust_contrast(a: np.ndarray, contrast_factor: float) -> np.ndarray:
-    factor = _real(contrast_factor)
-    g = _gray(a)
-    # PIL's ImageEnhance.Contrast: the exact integer sum of the grey histogram over the pixel count.
-    mean = int(cv2().sumElems(_contig(g))[0] / g.size + 0.5)
-    return _lut(a, _blend_lut(float(mean), factor))
+    factor = _factor(contrast_factor)
+    return _blend_const(a, contrast_mean(a), factor)
 
 
 def adjust_gamma(a: np.ndarray, gamma: float, gain: float = 1.0) -> np.ndarray:
@@ -440,7 +511,7 @@ def to_tensor(a: np.ndarray, dtype: Any = None):
 
     dtype = dtype or torch.get_default_dtype()
     if dtype in (torch.float32, torch.float64):
-        return _planes_through_tables(a, _tables(dtype, None, None, get_image_num_channels(a)))
+        return image_through_tables(a, _tables(dtype, None, None, get_image_num_channels(a)))
     return _float_planes(a, dtype).div_(255)
 
 
@@ -465,7 +536,7 @@ def to_tensor_normalized(a: np.ndarray, mean: Any, std: Any, dtype: Any = None):
     ):
         return F.normalize(to_tensor(a, dtype), mean, std, inplace=True)
     key = (tuple(m.tolist()), tuple(s.tolist()))
-    return _planes_through_tables(a, _tables(dtype, *key, channels))
+    return image_through_tables(a, _tables(dtype, *key, channels))
 
 
 _TABLES: dict[tuple[Any, ...], np.ndarray] = {}
@@ -507,8 +578,17 @@ def planes_through_tables(channels: list[np.ndarray], table: np.ndarray):
     return torch.from_numpy(out)
 
 
-def _planes_through_tables(a: np.ndarray, table: np.ndarray):
-    return planes_through_tables(planes(a), table)
+def image_through_tables(a: np.ndarray, table: np.ndarray):
+    """A C x H x W tensor from an H x W (x C) image: channel ``c`` through row ``c`` of ``table``.
+
+    One pass in the native kernel (de-interleave and look up together), else OpenCV's split and LUT.
+    """
+    import torch
+
+    try:
+        return torch.from_numpy(native.planes_lut(a, table))
+    except native.NativeUnavailable:
+        return planes_through_tables(planes(a), table)
 
 
 def _float_planes(a: np.ndarray, dtype: Any = None):
@@ -529,8 +609,14 @@ def _float_planes(a: np.ndarray, dtype: Any = None):
 
 
 def pil_to_tensor(a: np.ndarray):
-    hwc = a[:, :, None] if a.ndim == 2 else a
-    return _from_numpy(hwc).permute(2, 0, 1).contiguous()
+    """``PILToTensor``: C x H x W uint8, a new tensor."""
+    import torch
+
+    try:
+        return torch.from_numpy(native.planes_u8(a))
+    except native.NativeUnavailable:
+        hwc = a[:, :, None] if a.ndim == 2 else a
+        return _from_numpy(hwc).permute(2, 0, 1).contiguous()
 
 
 def _from_numpy(a: np.ndarray):

@@ -117,16 +117,16 @@ class FastImage(Image.Image):
         return out
 
     def resize(self, size: Any, resample: Any = None, box: Any = None, reducing_gap: Any = None) -> Image.Image:
-        """``Image.resize``: OpenCV's exact nearest neighbour on an array, else PIL's own (v2 calls this directly)."""
-        a = self._array
-        if (
-            a is not None and resample == Image.Resampling.NEAREST and box is None and reducing_gap is None
-            and isinstance(size, (tuple, list)) and len(size) == 2
-            and all(isinstance(s, int) and s > 0 for s in size) and tuple(size) != self.size
-        ):
-            from . import functional as K
+        """``Image.resize`` through the exact array kernels (v2 and F_pil call this), else PIL's own."""
+        from . import functional as K
 
-            return FastImage.wrap(K.resize(a, [size[1], size[0]], resample), self.info)
+        if (
+            resample in K.ARRAY_RESIZE_FILTERS and box is None and reducing_gap is None
+            and isinstance(size, (tuple, list)) and len(size) == 2
+            and all(type(s) is int and s > 0 for s in size) and tuple(size) != self.size
+        ):
+            a = self._array if self._array is not None else np.asarray(self)
+            return FastImage.wrap(K.resize(a, [size[1], size[0]], int(resample)), self.info)
         return FastImage.keep(super().resize(size, resample, box, reducing_gap))
 
 

@@ -1,96 +1,406 @@
-"""The one compiled kernel, PIL's hue shift (``hue.c``), built with the machine's C compiler on first use.
+"""The native image kernels: one loader, one check against the installed PIL, one fallback rule.
 
-The install stays pure Python: the C source ships in the package and is compiled the first time a
-hue shift needs it, into a per-user cache (``$NANO_PATCH_CACHE_DIR``, else
-``$XDG_CACHE_HOME/nano-patch``, else ``~/.cache/nano-patch``), keyed by the source and flags, so
-later processes and DataLoader workers load it without compiling. The compiler is ``$CC`` or ``cc``.
-Before first use the library's output is compared with the installed PIL's on a probe of colours
-and hue shifts; on any difference, or with no compiler, :func:`hue_shift` raises
-:class:`NativeUnavailable` and the caller runs PIL's own code (exact, about 5x slower).
+The kernels are C (``csrc/``), compiled into the extension module ``nano_patch.vision._native``
+when nano-patch is installed (``hatch_build.py``); nothing is compiled or loaded from a cache at run
+time. Each kernel reproduces a piece of PIL's arithmetic, and before its first use in a process it
+is compared with the installed PIL on a probe chosen where rounding differences show (extremes,
+ties, random colours, every filter, up and down, both pass orders). Where the extension is missing
+(installed without a C compiler), switched off (``NANO_PATCH_NO_NATIVE=1``) or differs from the
+installed PIL (pillow-simd rounds its resize weights and its grey conversion differently), the
+kernel raises :class:`NativeUnavailable` and the caller runs PIL's own code, exact and slower.
+
+The functions here are pure: NumPy uint8 arrays (H x W x 3 RGB or H x W L, any row stride) in, new
+arrays out. ``NANO_PATCH_NATIVE_ISA`` (``generic``, ``avx2``, ``avx512``) narrows the instruction
+set the kernels use, for comparisons; by default they use the widest this CPU has.
 """
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
 import os
-import platform
-import shlex
-import subprocess
-import sys
-import sysconfig
-import tempfile
 import threading
-from pathlib import Path
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 
-SOURCE = Path(__file__).with_name("hue.c")
-# No -ffast-math and no contraction into fused multiply-adds: either would round unlike PIL.
-FLAGS = ("-O2", "-fPIC", "-shared", "-std=c99", "-ffp-contract=off", "-fno-fast-math")
+#: The kernels, each checked on its own: the name ``nano-patch status`` shows, and what it stands for.
+KERNELS = {
+    "resample": "resize (bilinear, bicubic, lanczos, box, hamming), crop and flip folded in",
+    "grayscale": "RGB to L, and the grey mean of ImageEnhance.Contrast",
+    "saturation": "ImageEnhance.Color (saturation)",
+    "blend": "ImageEnhance.Brightness and Contrast (blend with a constant grey)",
+    "hue": "adjust_hue (PIL's HSV round trip)",
+    "tables": "point tables and the uint8-to-tensor tail",
+}
+NO_NATIVE_ENV = "NANO_PATCH_NO_NATIVE"
+ISA_ENV = "NANO_PATCH_NATIVE_ISA"
+
+#: PIL's resampling filter numbers (Image.Resampling) that the resample kernel reproduces.
+FILTERS = {1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+#: Pass orders (native.h): Pillow up to 12 always runs the horizontal pass first; Pillow 13 runs the
+#: vertical one first when the height shrinks much more than the width.
+ORDER_RULES = (1, 0)
 
 
 class NativeUnavailable(RuntimeError):
-    """The compiled kernel cannot be used here; the message says why."""
+    """A native kernel cannot be used in this process; the message says why."""
 
 
-_lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
-_failure: str | None = None
+_lock = threading.RLock()
+_module: ModuleType | None = None
+_module_error: str | None = None
+_verdicts: dict[str, str] = {}  # kernel -> "" (checked, exact) or why it is not used
+_order_rule = 1
 
 
-def cache_dir() -> Path:
-    if os.environ.get("NANO_PATCH_CACHE_DIR"):
-        return Path(os.environ["NANO_PATCH_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "nano-patch"
-
-
-def library_path() -> Path:
-    key = hashlib.sha256(
-        b"\0".join([SOURCE.read_bytes(), " ".join(FLAGS).encode(), platform.machine().encode(), sys.platform.encode()])
-    ).hexdigest()[:16]
-    return cache_dir() / f"hue-{key}{sysconfig.get_config_var('SHLIB_SUFFIX') or '.so'}"
-
-
-def build(out: Path) -> None:
-    """Compile ``hue.c`` into ``out``, atomically: concurrent builders each write a temporary file."""
-    if sys.platform == "win32":
-        raise NativeUnavailable("the hue kernel is built with a Unix C compiler; Windows runs PIL's code")
-    cc = shlex.split(os.environ.get("CC") or "cc")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=".build-", suffix=out.suffix)
-    os.close(fd)
+def _import() -> ModuleType:
+    global _module, _module_error
+    if _module is not None:
+        return _module
+    if _module_error is not None:
+        raise NativeUnavailable(_module_error)
+    if os.environ.get(NO_NATIVE_ENV, "").strip() not in ("", "0"):
+        _module_error = f"{NO_NATIVE_ENV} is set"
+        raise NativeUnavailable(_module_error)
     try:
+        from . import _native  # type: ignore[attr-defined]
+    except ImportError as exc:
+        _module_error = ("nano-patch was installed without its compiled kernels (no working C compiler at "
+                         f"install time?): {exc}")
+        raise NativeUnavailable(_module_error) from exc
+    isa = os.environ.get(ISA_ENV, "").strip()
+    if isa:
         try:
-            proc = subprocess.run([*cc, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=120)
-        except (OSError, subprocess.SubprocessError) as exc:
-            raise NativeUnavailable(f"no working C compiler ({' '.join(cc)}): {exc}") from exc
-        if proc.returncode != 0:
-            raise NativeUnavailable(f"{' '.join(cc)} failed on {SOURCE.name}: {proc.stderr.strip()[-400:]}")
-        os.replace(tmp, out)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+            _native.set_isa(isa)
+        except ValueError as exc:
+            import warnings
+
+            warnings.warn(f"nano-patch: {ISA_ENV}={isa!r} ignored: {exc}", RuntimeWarning, stacklevel=2)
+    _module = _native
+    return _module
 
 
-def _load() -> ctypes.CDLL:
-    path = library_path()
-    if not path.exists():
-        build(path)
+def kernel(name: str) -> ModuleType:
+    """The extension, once kernel ``name`` has passed its check here; else :class:`NativeUnavailable`."""
+    verdict = _verdicts.get(name)
+    if verdict == "":
+        assert _module is not None
+        return _module
+    if verdict is not None:
+        raise NativeUnavailable(verdict)
+    with _lock:
+        if name not in _verdicts:
+            try:
+                mod = _import()
+                why = CHECKS[name](mod)
+            except NativeUnavailable as exc:
+                why = str(exc)
+            except Exception as exc:  # noqa: BLE001 - a broken kernel must never break the image
+                why = f"the {name} kernel failed its check: {type(exc).__name__}: {exc}"
+            _verdicts[name] = why or ""
+        return kernel(name)
+
+
+def available(name: str) -> bool:
     try:
-        lib = ctypes.CDLL(str(path))
-    except OSError:
-        build(path)  # a damaged cache entry: build it again, once
-        try:
-            lib = ctypes.CDLL(str(path))
-        except OSError as exc:
-            raise NativeUnavailable(f"cannot load {path}: {exc}") from exc
-    lib.nano_hue_init.restype = None
-    lib.nano_hue_init.argtypes = []
-    lib.nano_hue_shift.restype = None
-    lib.nano_hue_shift.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int]
-    lib.nano_hue_init()
-    return lib
+        kernel(name)
+    except NativeUnavailable:
+        return False
+    return True
+
+
+def state() -> dict[str, str]:
+    """Per kernel: ``native (<isa>)``, ``not checked yet`` or ``PIL's code: <why>``. Checks nothing."""
+    out = {}
+    for name in KERNELS:
+        verdict = _verdicts.get(name)
+        if verdict == "":
+            out[name] = f"native ({_module.isa() if _module is not None else '?'})"
+        elif verdict is not None:
+            out[name] = f"PIL's code: {verdict}"
+        elif _module_error is not None:
+            out[name] = f"PIL's code: {_module_error}"
+        else:
+            out[name] = "not checked yet"
+    return out
+
+
+def check_all() -> dict[str, str]:
+    """Check every kernel now (``nano-patch status``), then :func:`state`."""
+    for name in KERNELS:
+        available(name)
+    return state()
+
+
+def reset() -> None:
+    """Forget the checks and the loaded module, as in a new process (tests)."""
+    global _module, _module_error
+    with _lock:
+        _module, _module_error = None, None
+        _verdicts.clear()
+
+
+# --- the kernels ------------------------------------------------------------------------------
+
+
+def _image(a: np.ndarray, what: str = "image") -> np.ndarray:
+    if not isinstance(a, np.ndarray) or a.dtype != np.uint8 or not (a.ndim == 2 or (a.ndim == 3 and a.shape[2] == 3)):
+        raise ValueError(f"{what} must be an H x W or H x W x 3 uint8 array, got "
+                         f"{getattr(a, 'dtype', type(a).__name__)} of shape {getattr(a, 'shape', None)}")
+    if a.shape[0] == 0 or a.shape[1] == 0:
+        raise ValueError(f"{what} is empty: shape {a.shape}")
+    if a.strides[-1] != 1 or (a.ndim == 3 and a.strides[1] != 3):
+        a = np.ascontiguousarray(a)  # the kernels take any row stride, but packed pixels
+    return a
+
+
+def resample(a: np.ndarray, size: tuple[int, int], resample_filter: int,
+             box: tuple[float, float, float, float] | None = None, flip: bool = False) -> np.ndarray:
+    """``Image.resize((w, h), filter, box)`` on ``a``, then mirrored left to right if ``flip``.
+
+    ``size`` is (height, width); ``filter`` one of PIL's numbers in :data:`FILTERS`; ``box`` PIL's
+    (left, upper, right, lower) source box in float, the whole image by default. A crop is a view:
+    pass ``a[top:bottom, left:right]`` to resize a crop the way stock crops, then resizes.
+    """
+    mod = kernel("resample")
+    a = _image(a)
+    h, w = int(size[0]), int(size[1])
+    if resample_filter not in FILTERS:
+        raise ValueError(f"the resample kernel takes filters {sorted(FILTERS)} (PIL's numbers), "
+                         f"got {resample_filter!r}")
+    if h <= 0 or w <= 0:
+        raise ValueError(f"size must be positive, got {size}")
+    box = (0.0, 0.0, float(a.shape[1]), float(a.shape[0])) if box is None else tuple(float(b) for b in box)
+    out = np.empty((h, w) + a.shape[2:], np.uint8)
+    mod.resample(a, out, int(resample_filter), box, bool(flip), _order_rule)
+    return out
+
+
+def rgb_to_l(a: np.ndarray) -> np.ndarray:
+    """``img.convert("L")`` of an RGB array."""
+    mod = kernel("grayscale")
+    a = _image(a)
+    if a.ndim != 3:
+        raise ValueError("rgb_to_l takes an H x W x 3 array")
+    out = np.empty(a.shape[:2], np.uint8)
+    mod.rgb_to_l(a, out)
+    return out
+
+
+def contrast_mean(a: np.ndarray) -> int:
+    """ImageEnhance.Contrast's grey level: the mean of ``convert("L")``, rounded as ImageStat and int() do."""
+    mod = kernel("grayscale")
+    a = _image(a)
+    total = mod.gray_sum(a)
+    return int(total / (a.shape[0] * a.shape[1]) + 0.5)
+
+
+def saturation(a: np.ndarray, factor: float) -> np.ndarray:
+    """``ImageEnhance.Color(img).enhance(factor)`` of an RGB array (PIL's float blend with its grey)."""
+    mod = kernel("saturation")
+    a = _image(a)
+    if a.ndim != 3:
+        raise ValueError("saturation takes an H x W x 3 array")
+    out = np.empty_like(a, order="C")
+    mod.blend_gray(a, out, float(factor))
+    return out
+
+
+def blend_const(a: np.ndarray, value: int, factor: float) -> np.ndarray:
+    """``Image.blend(Image.new(mode, size, value), img, factor)``: brightness (value 0) and contrast
+    (value the grey mean) as ImageEnhance computes them, in PIL's float arithmetic."""
+    mod = kernel("blend")
+    a = _image(a)
+    out = np.empty(a.shape, np.uint8)
+    mod.blend_const(a, out, int(value), float(factor))
+    return out
+
+
+def hue_shift(a: np.ndarray, shift: int) -> np.ndarray:
+    """PIL's hue shift of an RGB array by ``shift`` levels of its 8-bit H (torchvision's adjust_hue)."""
+    mod = kernel("hue")
+    a = _image(a)
+    if a.ndim != 3:
+        raise ValueError("hue_shift takes an H x W x 3 array")
+    out = np.empty(a.shape, np.uint8)
+    mod.hue_shift(a, out, int(shift))
+    return out
+
+
+def lut(a: np.ndarray, tables: np.ndarray) -> np.ndarray:
+    """One 256-entry uint8 table per channel (``tables``: C x 256, or 256 for every channel)."""
+    mod = kernel("tables")
+    a = _image(a)
+    channels = 1 if a.ndim == 2 else 3
+    t = np.asarray(tables, dtype=np.uint8).reshape(-1, 256)
+    if t.shape[0] == 1 and channels == 3:
+        t = np.repeat(t, 3, axis=0)
+    if t.shape[0] != channels:
+        raise ValueError(f"lut needs 1 or {channels} tables of 256, got {t.shape[0]}")
+    out = np.empty(a.shape, np.uint8)
+    mod.lut(a, out, np.ascontiguousarray(t).tobytes())
+    return out
+
+
+def planes_lut(a: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """A C x H x W float array: channel ``c`` of ``a`` through row ``c`` of the C x 256 ``table``."""
+    mod = kernel("tables")
+    a = _image(a)
+    table = np.ascontiguousarray(table)
+    out = np.empty((table.shape[0],) + a.shape[:2], dtype=table.dtype)
+    mod.planes_lut(a, table, out)
+    return out
+
+
+def planes_u8(a: np.ndarray) -> np.ndarray:
+    """``a`` as a C x H x W uint8 array (what ``PILToTensor`` gives)."""
+    mod = kernel("tables")
+    a = _image(a)
+    out = np.empty((1 if a.ndim == 2 else 3,) + a.shape[:2], np.uint8)
+    mod.planes_u8(a, out)
+    return out
+
+
+# --- the checks against the installed PIL ------------------------------------------------------
+
+
+def probe_image(h: int, w: int, seed: int) -> np.ndarray:
+    """An RGB probe: smooth gradients (ties and mid-tones), hard edges, extremes and noise."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w]
+    a = np.stack([(x * 255 // max(w - 1, 1)), (y * 255 // max(h - 1, 1)), ((x + y) * 37) % 256], -1)
+    a = a.astype(np.uint8)
+    a[h // 3: h // 2] = rng.integers(0, 256, size=(h // 2 - h // 3, w, 3), dtype=np.uint8)
+    a[:, w // 2: w // 2 + 2] = 255
+    a[-2:, :3] = 0
+    return a
+
+
+def probe_colours() -> np.ndarray:
+    """Colours where rounding differences show: extremes, greys, near-greys, colours whose grey value
+    sits exactly on PIL's rounding boundary, and random ones; 64 x 64."""
+    levels = np.array([0, 1, 2, 3, 127, 128, 129, 252, 253, 254, 255], dtype=np.uint8)
+    grid = np.stack(np.meshgrid(levels, levels, levels, indexing="ij"), -1).reshape(-1, 3)
+    # 19595 R + 38470 G + 7471 B == 0x8000 (mod 65536): L's rounding term lands exactly on a boundary
+    r, g = (x.ravel().astype(np.int64) for x in np.meshgrid(np.arange(256), np.arange(256), indexing="ij"))
+    b = ((0x8000 - 19595 * r - 38470 * g) * pow(7471, -1, 65536)) % 65536
+    ties = np.stack([r, g, b], -1)[b < 256][::3][:512].astype(np.uint8)
+    rng = np.random.default_rng(20261122)
+    rand = rng.integers(0, 256, size=(64 * 64 - len(grid) - len(ties), 3), dtype=np.uint8)
+    return np.concatenate([grid, ties, rand]).reshape(64, 64, 3)
+
+
+def _pil_version() -> str:
+    from .. import sysinfo
+
+    return "{} {}".format(*sysinfo.pillow_distribution())
+
+
+#: (source h, w), (output h, w), box or None: down, up, both, tall shrinks (the pass-order rule), boxes.
+RESAMPLE_PROBES: list[tuple[tuple[int, int], tuple[int, int], tuple[float, float, float, float] | None]] = [
+    ((47, 61), (19, 23), None),
+    ((47, 61), (83, 71), None),
+    ((47, 61), (30, 90), None),
+    ((61, 29), (11, 25), None),
+    ((64, 40), (9, 37), None),
+    ((47, 61), (17, 29), (3.0, 2.5, 57.25, 40.0)),
+    ((33, 35), (33, 20), None),
+    ((33, 35), (12, 35), None),
+    ((40, 300), (12, 31), None),
+]
+
+
+def check_resample(mod: ModuleType) -> str | None:
+    """None if ``mod.resample`` equals the installed PIL on every probe (and pick the pass-order rule)."""
+    global _order_rule
+    from PIL import Image
+
+    cases = []
+    for i, (src, dst, box) in enumerate(RESAMPLE_PROBES):
+        a = probe_image(*src, seed=i)
+        for grey in (False, True):
+            img = Image.fromarray(a)
+            arr = a
+            if grey:
+                img = img.convert("L")
+                arr = np.asarray(img)
+            for f in FILTERS:
+                want = np.asarray(img.resize((dst[1], dst[0]), f, box=box))
+                cases.append((arr, dst, f, box or (0.0, 0.0, float(src[1]), float(src[0])), want))
+    for rule in ORDER_RULES:
+        ok = True
+        for arr, dst, f, box, want in cases:
+            for flip in (False, True):
+                out = np.empty(dst + arr.shape[2:], np.uint8)
+                mod.resample(arr, out, f, box, flip, rule)
+                if not np.array_equal(out, want[:, ::-1] if flip else want):
+                    ok = False
+                    break
+            if not ok:
+                break
+        if ok:
+            _order_rule = rule
+            return None
+    from .. import sysinfo
+
+    why = f"the compiled resize differs from {_pil_version()}'s"
+    if sysinfo.pillow_is_simd():
+        why += " (pillow-simd rounds its resize weights to 16 bits; its own fast resize runs instead)"
+    return why
+
+
+def check_grayscale(mod: ModuleType) -> str | None:
+    from PIL import Image
+
+    probe = probe_colours()
+    want = np.asarray(Image.fromarray(probe).convert("L"))
+    got = np.empty(probe.shape[:2], np.uint8)
+    mod.rgb_to_l(probe, got)
+    if not np.array_equal(got, want):
+        return f"the compiled RGB-to-L conversion differs from {_pil_version()}'s"
+    for a in (probe, probe[3:40, 5:50], probe[:1, :1]):
+        if mod.gray_sum(a) != int(np.asarray(Image.fromarray(np.ascontiguousarray(a)).convert("L"), np.int64).sum()):
+            return "the compiled grey sum differs from PIL's"
+    return None
+
+
+SATURATION_PROBE_FACTORS = (0.0, 0.3, 0.5, 0.6, 1.0, 1.4, 2.0, -0.5, 7.5)
+
+
+def check_saturation(mod: ModuleType) -> str | None:
+    from PIL import Image, ImageEnhance
+
+    probe = probe_colours()
+    for factor in SATURATION_PROBE_FACTORS:
+        want = np.asarray(ImageEnhance.Color(Image.fromarray(probe)).enhance(factor))
+        got = np.empty_like(probe)
+        mod.blend_gray(probe, got, factor)
+        if not np.array_equal(got, want):
+            return f"the compiled saturation blend differs from {_pil_version()}'s (factor {factor})"
+    return None
+
+
+BLEND_PROBE = ((0, 0.0), (0, 0.3), (0, 0.6), (0, 1.0), (0, 1.4), (0, 2.7), (127, 0.6), (128, 1.3),
+               (255, 0.3), (1, -0.5), (90, 7.5), (200, 0.999))
+
+
+def check_blend(mod: ModuleType) -> str | None:
+    from PIL import Image
+
+    probe = probe_colours()
+    img = Image.fromarray(probe)
+    for value, factor in BLEND_PROBE:
+        want = np.asarray(Image.blend(Image.new("RGB", img.size, (value,) * 3), img, factor))
+        got = np.empty_like(probe)
+        mod.blend_const(probe, got, value, factor)
+        grey = np.ascontiguousarray(probe[..., 1])
+        want_l = np.asarray(Image.blend(Image.new("L", img.size, value), Image.fromarray(grey), factor))
+        got_l = np.empty_like(grey)
+        mod.blend_const(grey, got_l, value, factor)
+        if not (np.array_equal(got, want) and np.array_equal(got_l, want_l)):
+            return f"the compiled blend differs from {_pil_version()}'s (value {value}, factor {factor})"
+    return None
 
 
 def pil_hue_shift(a: np.ndarray, shift: int) -> np.ndarray:
@@ -102,65 +412,41 @@ def pil_hue_shift(a: np.ndarray, shift: int) -> np.ndarray:
     return np.asarray(Image.merge("HSV", (Image.fromarray(hue, "L"), s, v)).convert("RGB"))
 
 
-def probe_colours() -> np.ndarray:
-    """Colours where rounding differences show: extremes, greys, near-greys, ties and random ones."""
-    levels = np.array([0, 1, 2, 3, 127, 128, 129, 252, 253, 254, 255], dtype=np.uint8)
-    grid = np.stack(np.meshgrid(levels, levels, levels, indexing="ij"), -1).reshape(-1, 3)
-    rng = np.random.default_rng(20261122)
-    rand = rng.integers(0, 256, size=(64 * 64 - len(grid), 3), dtype=np.uint8)
-    return np.concatenate([grid, rand]).reshape(64, 64, 3)
-
-
-def _check(lib: ctypes.CDLL) -> None:
+def check_hue(mod: ModuleType) -> str | None:
     probe = probe_colours()
     for shift in (0, 1, 37, 128, 219, 255):
-        got = _run(lib, probe, shift)
+        got = np.empty_like(probe)
+        mod.hue_shift(probe, got, shift)
         if not np.array_equal(got, pil_hue_shift(probe, shift)):
-            import PIL
-
-            raise NativeUnavailable(f"the compiled hue kernel differs from PIL {PIL.__version__}'s; using PIL's code")
-
-
-def _run(lib: ctypes.CDLL, a: np.ndarray, shift: int) -> np.ndarray:
-    src = np.ascontiguousarray(a)
-    out = np.empty_like(src)
-    lib.nano_hue_shift(src.ctypes.data, out.ctypes.data, src.size // 3, shift & 255)
-    return out
+            return f"the compiled hue shift differs from {_pil_version()}'s"
+    return None
 
 
-def library() -> ctypes.CDLL:
-    """The checked library, built and loaded on the first call; :class:`NativeUnavailable` if it cannot be."""
-    global _lib, _failure
-    if _lib is not None:
-        return _lib
-    with _lock:
-        if _lib is None:
-            if _failure is not None:
-                raise NativeUnavailable(_failure)
-            try:
-                lib = _load()
-                _check(lib)
-            except NativeUnavailable as exc:
-                _failure = str(exc)
-                raise
-            except Exception as exc:  # noqa: BLE001 - an unusable cache or a full disk must not break hue
-                _failure = f"the hue kernel could not be built or loaded: {exc!r}"
-                raise NativeUnavailable(_failure) from exc
-            _lib = lib
-    return _lib
+def check_tables(mod: ModuleType) -> str | None:
+    probe = probe_colours()[5:37, 3:50]
+    tables = np.random.default_rng(7).integers(0, 256, size=(3, 256), dtype=np.uint8)
+    got = np.empty_like(probe)
+    mod.lut(probe, got, tables.tobytes())
+    if not np.array_equal(got, np.stack([tables[c][probe[..., c]] for c in range(3)], -1)):
+        return "the compiled table lookup is wrong"
+    for dtype in (np.float32, np.float64):
+        table = np.random.default_rng(3).standard_normal((3, 256)).astype(dtype)
+        out = np.empty((3,) + probe.shape[:2], dtype)
+        mod.planes_lut(probe, table, out)
+        if not np.array_equal(out, np.stack([table[c][probe[..., c]] for c in range(3)])):
+            return "the compiled tensor tail is wrong"
+    out8 = np.empty((3,) + probe.shape[:2], np.uint8)
+    mod.planes_u8(probe, out8)
+    if not np.array_equal(out8, probe.transpose(2, 0, 1)):
+        return "the compiled uint8 tensor tail is wrong"
+    return None
 
 
-def hue_shift(a: np.ndarray, shift: int) -> np.ndarray:
-    """PIL's hue shift of an ``HxWx3`` uint8 RGB array by ``shift`` levels of its 8-bit H, bit-exact."""
-    if a.dtype != np.uint8 or a.ndim != 3 or a.shape[2] != 3:
-        raise ValueError(f"hue_shift takes an HxWx3 uint8 array, got {a.dtype} of shape {a.shape}")
-    return _run(library(), a, int(shift))
-
-
-def state() -> str:
-    """``ready``, ``not built yet`` or why it is unavailable; never builds anything."""
-    if _lib is not None:
-        return "ready"
-    if _failure is not None:
-        return f"unavailable: {_failure}"
-    return "built" if library_path().exists() else "not built yet"
+CHECKS: dict[str, Callable[[Any], str | None]] = {
+    "resample": check_resample,
+    "grayscale": check_grayscale,
+    "saturation": check_saturation,
+    "blend": check_blend,
+    "hue": check_hue,
+    "tables": check_tables,
+}

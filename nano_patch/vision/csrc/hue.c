@@ -12,10 +12,9 @@
  *                "q" and "t" values are computed per pixel in PIL's mixed float/double arithmetic.
  *
  * Build without -ffast-math and with -ffp-contract=off: a fused multiply-add rounds differently.
- * The Python side checks this library against the installed PIL before using it.
+ * The Python side checks this kernel against the installed PIL before using it.
  */
-#include <stddef.h>
-#include <stdint.h>
+#include "native.h"
 
 static uint8_t sat_of[256][256];       /* [max][chroma] */
 static uint8_t hue_of[3][511][256];    /* [largest channel][other two's difference + 255][chroma] */
@@ -98,29 +97,32 @@ void nano_hue_init(void) {
 /* Which of V, p, q, t each output channel takes, by sector (PIL's switch, as data: no branch). */
 static const uint8_t pick[6][3] = {{0, 3, 1}, {2, 0, 1}, {1, 0, 3}, {1, 2, 0}, {3, 1, 0}, {0, 1, 2}};
 
-/* Shift the hue of n RGB pixels (3 bytes each, packed) by `shift` levels of PIL's 8-bit H. */
-void nano_hue_shift(const uint8_t *src, uint8_t *dst, ptrdiff_t n, int shift) {
-    for (ptrdiff_t i = 0; i < n; i++, src += 3, dst += 3) {
-        int r = src[0], g = src[1], b = src[2];
-        int hi = r > g ? r : g, lo = r < g ? r : g;
-        hi = hi > b ? hi : b;
-        lo = lo < b ? lo : b;
-        int which = r == hi ? 0 : (g == hi ? 1 : 2);
-        int d = which == 0 ? b - g : (which == 1 ? r - b : g - r);
-        int c = hi - lo;
-        int s = sat_of[hi][c]; /* 0 for grey, where the hue table is never read */
-        int h = (hue_of[which][d + 255][c] + shift) & 255;
-        float fs = fs_of[s], f = frac_of[h];
-        double v = (double)hi;
-        double qx = v * (1.0 - fs * f), tx = v * (1.0 - fs * (1.0 - f));
-        int q = (int)qx, t = (int)tx;
-        q += qx - (double)q >= 0.5; /* C's round() for x >= 0 */
-        t += tx - (double)t >= 0.5;
-        uint8_t vals[4] = {(uint8_t)hi, p_of[hi][s], (uint8_t)q, (uint8_t)t};
-        const uint8_t *k = pick[sector_of[h]];
-        /* S == 0: PIL returns V on all three channels, which is what p, q and t are then */
-        dst[0] = vals[k[0]];
-        dst[1] = vals[k[1]];
-        dst[2] = vals[k[2]];
+/* Shift the hue of every pixel of an RGB image by `shift` levels of PIL's 8-bit H. */
+void nano_hue_shift(const nano_view *srcv, uint8_t *dst, int shift) {
+    for (int y = 0; y < srcv->height; y++) {
+        const uint8_t *src = srcv->data + (ptrdiff_t)y * srcv->stride;
+        for (int i = 0; i < srcv->width; i++, src += 3, dst += 3) {
+            int r = src[0], g = src[1], b = src[2];
+            int hi = r > g ? r : g, lo = r < g ? r : g;
+            hi = hi > b ? hi : b;
+            lo = lo < b ? lo : b;
+            int which = r == hi ? 0 : (g == hi ? 1 : 2);
+            int d = which == 0 ? b - g : (which == 1 ? r - b : g - r);
+            int c = hi - lo;
+            int s = sat_of[hi][c]; /* 0 for grey, where the hue table is never read */
+            int h = (hue_of[which][d + 255][c] + shift) & 255;
+            float fs = fs_of[s], f = frac_of[h];
+            double v = (double)hi;
+            double qx = v * (1.0 - fs * f), tx = v * (1.0 - fs * (1.0 - f));
+            int q = (int)qx, t = (int)tx;
+            q += qx - (double)q >= 0.5; /* C's round() for x >= 0 */
+            t += tx - (double)t >= 0.5;
+            uint8_t vals[4] = {(uint8_t)hi, p_of[hi][s], (uint8_t)q, (uint8_t)t};
+            const uint8_t *k = pick[sector_of[h]];
+            /* S == 0: PIL returns V on all three channels, which is what p, q and t are then */
+            dst[0] = vals[k[0]];
+            dst[1] = vals[k[1]];
+            dst[2] = vals[k[2]];
+        }
     }
 }

@@ -1,0 +1,376 @@
+/* nano_patch.vision._native: the Python face of the kernels.
+ *
+ * Images come in through the buffer protocol (NumPy arrays, any row stride, packed pixels) and go
+ * out into buffers the caller allocated. Arguments are checked here and the GIL is released while
+ * a kernel runs. The instruction set is chosen once from the CPU's features; ``set_isa`` narrows
+ * it (for tests and benchmarks). The Python side (native.py) checks every kernel against the
+ * installed PIL before it is used.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+#include "native.h"
+
+static int best_isa = NANO_ISA_GENERIC;
+static int current_isa = NANO_ISA_GENERIC;
+static const char *isa_names[] = {"generic", "avx2", "avx512"};
+
+static int detect_isa(void) {
+#if NANO_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
+        return NANO_ISA_AVX512;
+    if (__builtin_cpu_supports("avx2"))
+        return NANO_ISA_AVX2;
+#endif
+    return NANO_ISA_GENERIC;
+}
+
+typedef struct {
+    Py_buffer buf;
+    nano_view v;
+    int held;
+} image_arg;
+
+static void release(image_arg *a) {
+    if (a->held)
+        PyBuffer_Release(&a->buf);
+    a->held = 0;
+}
+
+/* An 8-bit H x W (channels 1) or H x W x C image with packed pixels; `contiguous`: rows packed too. */
+static int get_image(PyObject *obj, const char *name, int writable, int contiguous, image_arg *out) {
+    memset(out, 0, sizeof(*out));
+    int flags = PyBUF_STRIDES | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, &out->buf, flags) < 0)
+        return -1;
+    out->held = 1;
+    Py_buffer *b = &out->buf;
+    if (b->itemsize != 1 || (b->format && strcmp(b->format, "B") != 0)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a uint8 array, got format %s", name, b->format ? b->format : "?");
+        goto fail;
+    }
+    int channels;
+    if (b->ndim == 2)
+        channels = 1;
+    else if (b->ndim == 3 && (b->shape[2] == 1 || b->shape[2] == 3))
+        channels = (int)b->shape[2];
+    else {
+        PyErr_Format(PyExc_ValueError, "%s must be H x W or H x W x 3 (or x 1), got %d dimensions", name, b->ndim);
+        goto fail;
+    }
+    if (b->shape[0] <= 0 || b->shape[1] <= 0 || b->shape[0] > INT32_MAX / 4 || b->shape[1] > INT32_MAX / 4 / channels) {
+        PyErr_Format(PyExc_ValueError, "%s has an unsupported size", name);
+        goto fail;
+    }
+    if (b->strides[b->ndim - 1] != 1 || (b->ndim == 3 && b->strides[1] != channels)) {
+        PyErr_Format(PyExc_ValueError, "%s must have packed pixels (each row contiguous)", name);
+        goto fail;
+    }
+    if (contiguous && b->strides[0] != b->shape[1] * channels) {
+        PyErr_Format(PyExc_ValueError, "%s must be C-contiguous", name);
+        goto fail;
+    }
+    out->v.data = (const uint8_t *)b->buf;
+    out->v.stride = b->strides[0];
+    out->v.height = (int)b->shape[0];
+    out->v.width = (int)b->shape[1];
+    out->v.channels = channels;
+    return 0;
+fail:
+    release(out);
+    return -1;
+}
+
+static PyObject *py_resample(PyObject *self, PyObject *args) {
+    PyObject *src_obj, *dst_obj;
+    int filter, flip, order_rule;
+    float box[4];
+    if (!PyArg_ParseTuple(args, "OOi(ffff)pi:resample", &src_obj, &dst_obj, &filter, &box[0], &box[1], &box[2],
+                          &box[3], &flip, &order_rule))
+        return NULL;
+    image_arg src, dst;
+    if (get_image(src_obj, "src", 0, 0, &src) < 0)
+        return NULL;
+    if (get_image(dst_obj, "dst", 1, 0, &dst) < 0) {
+        release(&src);
+        return NULL;
+    }
+    int rc;
+    if (dst.v.channels != src.v.channels) {
+        PyErr_SetString(PyExc_ValueError, "src and dst must have the same number of channels");
+        rc = 1;
+    } else {
+        int isa = current_isa;
+        Py_BEGIN_ALLOW_THREADS
+        rc = nano_resample(&src.v, (uint8_t *)dst.v.data, dst.v.stride, dst.v.width, dst.v.height, filter, box, flip,
+                           order_rule, isa);
+        Py_END_ALLOW_THREADS
+        if (rc == -1)
+            PyErr_NoMemory();
+        else if (rc == -2)
+            PyErr_Format(PyExc_ValueError, "unsupported resampling filter %d", filter);
+        else if (rc)
+            PyErr_SetString(PyExc_ValueError, "bad resample sizes or box");
+    }
+    release(&src);
+    release(&dst);
+    if (rc)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* src (RGB unless `gray_ok`) and a C-contiguous dst of `dst_channels` channels and src's size. */
+static int src_dst(PyObject *src_obj, PyObject *dst_obj, int dst_channels, int gray_ok, image_arg *src,
+                   image_arg *dst) {
+    if (get_image(src_obj, "src", 0, 0, src) < 0)
+        return -1;
+    if (!gray_ok && src->v.channels != 3) {
+        PyErr_SetString(PyExc_ValueError, "src must be an RGB (H x W x 3) array");
+        release(src);
+        return -1;
+    }
+    if (get_image(dst_obj, "dst", 1, 1, dst) < 0) {
+        release(src);
+        return -1;
+    }
+    int want = dst_channels ? dst_channels : src->v.channels;
+    if (dst->v.width != src->v.width || dst->v.height != src->v.height || dst->v.channels != want) {
+        PyErr_SetString(PyExc_ValueError, "dst has the wrong shape");
+        release(src);
+        release(dst);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *py_rgb_to_l(PyObject *self, PyObject *args) {
+    PyObject *s, *d;
+    if (!PyArg_ParseTuple(args, "OO:rgb_to_l", &s, &d))
+        return NULL;
+    image_arg src, dst;
+    if (src_dst(s, d, 1, 0, &src, &dst) < 0)
+        return NULL;
+    int isa = current_isa;
+    Py_BEGIN_ALLOW_THREADS
+    nano_rgb_to_l(&src.v, (uint8_t *)dst.v.data, isa);
+    Py_END_ALLOW_THREADS
+    release(&src);
+    release(&dst);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_gray_sum(PyObject *self, PyObject *args) {
+    PyObject *s;
+    if (!PyArg_ParseTuple(args, "O:gray_sum", &s))
+        return NULL;
+    image_arg src;
+    if (get_image(s, "src", 0, 0, &src) < 0)
+        return NULL;
+    uint64_t total;
+    int isa = current_isa;
+    Py_BEGIN_ALLOW_THREADS
+    total = nano_gray_sum(&src.v, isa);
+    Py_END_ALLOW_THREADS
+    release(&src);
+    return PyLong_FromUnsignedLongLong(total);
+}
+
+static PyObject *py_blend_gray(PyObject *self, PyObject *args) {
+    PyObject *s, *d;
+    float alpha;
+    if (!PyArg_ParseTuple(args, "OOf:blend_gray", &s, &d, &alpha))
+        return NULL;
+    image_arg src, dst;
+    if (src_dst(s, d, 3, 0, &src, &dst) < 0)
+        return NULL;
+    int isa = current_isa;
+    Py_BEGIN_ALLOW_THREADS
+    nano_blend_gray(&src.v, (uint8_t *)dst.v.data, alpha, isa);
+    Py_END_ALLOW_THREADS
+    release(&src);
+    release(&dst);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_blend_const(PyObject *self, PyObject *args) {
+    PyObject *s, *d;
+    int in1;
+    float alpha;
+    if (!PyArg_ParseTuple(args, "OOif:blend_const", &s, &d, &in1, &alpha))
+        return NULL;
+    if (in1 < 0 || in1 > 255) {
+        PyErr_SetString(PyExc_ValueError, "blend_const: the constant must be 0..255");
+        return NULL;
+    }
+    image_arg src, dst;
+    if (src_dst(s, d, 0, 1, &src, &dst) < 0)
+        return NULL;
+    int isa = current_isa;
+    Py_BEGIN_ALLOW_THREADS
+    nano_blend_const(&src.v, (uint8_t *)dst.v.data, in1, alpha, isa);
+    Py_END_ALLOW_THREADS
+    release(&src);
+    release(&dst);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_lut(PyObject *self, PyObject *args) {
+    PyObject *s, *d;
+    Py_buffer tables;
+    if (!PyArg_ParseTuple(args, "OOy*:lut", &s, &d, &tables))
+        return NULL;
+    image_arg src, dst;
+    if (src_dst(s, d, 0, 1, &src, &dst) < 0) {
+        PyBuffer_Release(&tables);
+        return NULL;
+    }
+    if (tables.len != 256 * src.v.channels) {
+        PyErr_SetString(PyExc_ValueError, "tables must hold 256 bytes per channel");
+        release(&src);
+        release(&dst);
+        PyBuffer_Release(&tables);
+        return NULL;
+    }
+    int isa = current_isa;
+    Py_BEGIN_ALLOW_THREADS
+    nano_lut(&src.v, (uint8_t *)dst.v.data, (const uint8_t *)tables.buf, isa);
+    Py_END_ALLOW_THREADS
+    release(&src);
+    release(&dst);
+    PyBuffer_Release(&tables);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_hue_shift(PyObject *self, PyObject *args) {
+    PyObject *s, *d;
+    int shift;
+    if (!PyArg_ParseTuple(args, "OOi:hue_shift", &s, &d, &shift))
+        return NULL;
+    image_arg src, dst;
+    if (src_dst(s, d, 3, 0, &src, &dst) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    nano_hue_shift(&src.v, (uint8_t *)dst.v.data, shift & 255);
+    Py_END_ALLOW_THREADS
+    release(&src);
+    release(&dst);
+    Py_RETURN_NONE;
+}
+
+/* planes_lut(src, tables, dst): tables C x 256 float32/float64 (C-contiguous), dst C x H x W same type. */
+static PyObject *py_planes_lut(PyObject *self, PyObject *args) {
+    PyObject *s, *t, *d;
+    if (!PyArg_ParseTuple(args, "OOO:planes_lut", &s, &t, &d))
+        return NULL;
+    image_arg src;
+    Py_buffer tb, db;
+    if (get_image(s, "src", 0, 0, &src) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(t, &tb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        release(&src);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(d, &db, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&tb);
+        release(&src);
+        return NULL;
+    }
+    int ok = tb.ndim == 2 && tb.shape[1] == 256 && db.ndim == 3 && db.shape[0] == tb.shape[0] &&
+             db.shape[1] == src.v.height && db.shape[2] == src.v.width && tb.itemsize == db.itemsize &&
+             tb.format && db.format && strcmp(tb.format, db.format) == 0 &&
+             (strcmp(tb.format, "f") == 0 || strcmp(tb.format, "d") == 0) &&
+             (src.v.channels == 1 || tb.shape[0] == src.v.channels);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "planes_lut: tables must be C x 256 and dst C x H x W, both float32 or both float64");
+    } else {
+        int out_c = (int)tb.shape[0];
+        int is_f32 = strcmp(tb.format, "f") == 0;
+        Py_BEGIN_ALLOW_THREADS
+        if (is_f32)
+            nano_planes_lut_f32(&src.v, (const float *)tb.buf, (float *)db.buf, out_c);
+        else
+            nano_planes_lut_f64(&src.v, (const double *)tb.buf, (double *)db.buf, out_c);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&tb);
+    PyBuffer_Release(&db);
+    release(&src);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_planes_u8(PyObject *self, PyObject *args) {
+    PyObject *s, *d;
+    if (!PyArg_ParseTuple(args, "OO:planes_u8", &s, &d))
+        return NULL;
+    image_arg src;
+    Py_buffer db;
+    if (get_image(s, "src", 0, 0, &src) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(d, &db, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        release(&src);
+        return NULL;
+    }
+    int ok = db.len == (Py_ssize_t)src.v.width * src.v.height * src.v.channels;
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "planes_u8: dst must hold C x H x W bytes");
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        nano_planes_u8(&src.v, (uint8_t *)db.buf);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&db);
+    release(&src);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_isa(PyObject *self, PyObject *noargs) { return PyUnicode_FromString(isa_names[current_isa]); }
+
+static PyObject *py_best_isa(PyObject *self, PyObject *noargs) { return PyUnicode_FromString(isa_names[best_isa]); }
+
+static PyObject *py_set_isa(PyObject *self, PyObject *args) {
+    const char *name;
+    if (!PyArg_ParseTuple(args, "s:set_isa", &name))
+        return NULL;
+    for (int i = 0; i <= best_isa; i++)
+        if (strcmp(name, isa_names[i]) == 0) {
+            current_isa = i;
+            Py_RETURN_NONE;
+        }
+    PyErr_Format(PyExc_ValueError, "instruction set '%s' is not available here: choose from 'generic' up to '%s'",
+                 name, isa_names[best_isa]);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"resample", py_resample, METH_VARARGS,
+     "resample(src, dst, filter, box, flip, order_rule): PIL's convolution resize of src[box] into dst."},
+    {"rgb_to_l", py_rgb_to_l, METH_VARARGS, "rgb_to_l(src, dst): PIL's convert('L')."},
+    {"gray_sum", py_gray_sum, METH_VARARGS, "gray_sum(src) -> int: the sum of PIL's L values."},
+    {"blend_gray", py_blend_gray, METH_VARARGS, "blend_gray(src, dst, alpha): ImageEnhance.Color(src).enhance(alpha)."},
+    {"blend_const", py_blend_const, METH_VARARGS,
+     "blend_const(src, dst, value, alpha): Image.blend(Image.new(mode, size, value), src, alpha)."},
+    {"lut", py_lut, METH_VARARGS, "lut(src, dst, tables): one 256-byte table per channel."},
+    {"hue_shift", py_hue_shift, METH_VARARGS, "hue_shift(src, dst, shift): PIL's HSV round trip with H + shift."},
+    {"planes_lut", py_planes_lut, METH_VARARGS, "planes_lut(src, tables, dst): H x W x C uint8 -> C x H x W floats."},
+    {"planes_u8", py_planes_u8, METH_VARARGS, "planes_u8(src, dst): H x W x C -> C x H x W uint8."},
+    {"isa", py_isa, METH_NOARGS, "The instruction set the kernels use now."},
+    {"best_isa", py_best_isa, METH_NOARGS, "The widest instruction set this CPU and build support."},
+    {"set_isa", py_set_isa, METH_VARARGS, "set_isa(name): use 'generic', 'avx2', ... (at most best_isa())."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", "nano-patch's native image kernels.", -1,
+                                    methods};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    best_isa = current_isa = detect_isa();
+    nano_hue_init();
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,74 @@
+/* nano-patch's native image kernels: shared types and the instruction-set plumbing.
+ *
+ * Every kernel reproduces one piece of PIL's arithmetic on uint8 images held as NumPy arrays
+ * (H x W x 3 RGB or H x W L), bit for bit. The Python side checks each one against the installed
+ * PIL before first use. Portable C is always built; on x86-64 with GCC or clang, variants for
+ * wider instruction sets are compiled into the same library with function target attributes and
+ * chosen at run time from the CPU's features (module.c).
+ *
+ * Build without -ffast-math and with -ffp-contract=off: a fused multiply-add rounds differently
+ * from PIL's separate multiply and add.
+ */
+#ifndef NANO_NATIVE_H
+#define NANO_NATIVE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+#define NANO_X86 1
+#define NANO_TARGET(isa) __attribute__((target(isa)))
+#else
+#define NANO_X86 0
+#endif
+
+/* Instruction sets a kernel may have a variant for, widest last. */
+enum nano_isa { NANO_ISA_GENERIC = 0, NANO_ISA_AVX2 = 1, NANO_ISA_AVX512 = 2 };
+
+/* An 8-bit image: rows may be strided (even negatively); a row's pixels are packed. */
+typedef struct {
+    const uint8_t *data;
+    ptrdiff_t stride; /* bytes from one row to the next */
+    int width, height, channels;
+} nano_view;
+
+/* --- resample.c: PIL's convolution resize (Resample.c) --- */
+
+/* PIL's filter numbers (Image.Resampling). NEAREST is not a convolution and is not handled here. */
+enum { NANO_LANCZOS = 1, NANO_BILINEAR = 2, NANO_BICUBIC = 3, NANO_BOX = 4, NANO_HAMMING = 5,
+       NANO_MKS2013 = 6, NANO_MKS2021 = 7 };
+
+/* Which pass PIL runs first. 0: always horizontal (Pillow up to 12); 1: vertical first when the
+ * height shrinks by more than twice as many pixels as the width (Pillow 13). */
+enum { NANO_ORDER_HORIZONTAL_FIRST = 0, NANO_ORDER_PILLOW13 = 1 };
+
+/* Returns 0, -1 out of memory, -2 unknown filter, -3 bad sizes or box. ``dst`` is out_h rows of
+ * out_w * channels bytes, ``dst_stride`` apart. ``flip`` mirrors the output left to right. */
+int nano_resample(const nano_view *src, uint8_t *dst, ptrdiff_t dst_stride, int out_w, int out_h,
+                  int filter, const float box[4], int flip, int order_rule, int isa);
+
+/* --- color.c: PIL's RGB -> L (Convert.c) and Image.blend (Blend.c) as ImageEnhance uses it --- */
+
+void nano_rgb_to_l(const nano_view *src, uint8_t *dst, int isa);
+/* The sum of PIL's L values over the image (what ImageStat's mean is built from). */
+uint64_t nano_gray_sum(const nano_view *src, int isa);
+/* Image.blend(image.convert("L").convert("RGB"), image, alpha): ImageEnhance.Color. */
+void nano_blend_gray(const nano_view *src, uint8_t *dst, float alpha, int isa);
+/* Image.blend(constant image of value in1, image, alpha): ImageEnhance.Brightness (in1 0) and
+ * ImageEnhance.Contrast (in1 the grey mean). */
+void nano_blend_const(const nano_view *src, uint8_t *dst, int in1, float alpha, int isa);
+/* One 256-entry table per channel: dst[y][x][c] = tables[c][src[y][x][c]]. */
+void nano_lut(const nano_view *src, uint8_t *dst, const uint8_t *tables, int isa);
+
+/* --- hue.c: PIL's hue shift (RGB -> HSV, add to H, HSV -> RGB) --- */
+
+void nano_hue_init(void);
+void nano_hue_shift(const nano_view *srcv, uint8_t *dst, int shift);
+
+/* --- tensor.c: H x W x C uint8 -> C x H x W through one table per channel --- */
+
+void nano_planes_lut_f32(const nano_view *src, const float *tables, float *dst, int out_channels);
+void nano_planes_lut_f64(const nano_view *src, const double *tables, double *dst, int out_channels);
+void nano_planes_u8(const nano_view *src, uint8_t *dst);
+
+#endif

@@ -1,0 +1,493 @@
+"""One plan per ``Compose``: its steps run as kernels on the decoded array, worked out once.
+
+The first time a stock ``Compose`` runs, :func:`plan_for` gives each of its transforms a runner.
+The transforms the plan knows (exactly stock's classes, with stock's ``forward`` and
+``get_params``) run on :class:`Pixels`: the image's array and the geometry not yet applied to it.
+Any other transform, and any call whose arguments the plan does not handle, gets a ``FastImage``
+(a PIL image, no copy) exactly as stock would give it its image, and splits the plan there. The
+plan is kept per ``Compose`` and rebuilt when its list of transforms changes; parameters are read
+from the transforms on every call, never cached.
+
+Per image, what remains is what stock does that matters: each transform's own random draws
+(``get_params``, ``torch.rand``), in stock's order, and one kernel call per operation. Geometry is
+deferred where that stays exact: a crop is a view; a resize waits so that a horizontal flip drawn
+after it is written into its output; a flip waits through colour operations (they act per pixel
+and on the grey mean, which a flip does not change). The tail ``ToTensor [+ Normalize]`` or
+``PILToTensor [+ ConvertImageDtype(float) [+ Normalize]]`` is one table lookup per channel, the
+tables being stock's own arithmetic run once on the 256 values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import numbers
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from .. import report
+from . import functional as K
+from .image import FastImage
+
+
+class UseStock(Exception):
+    """This call's arguments are not the plan's: the transform runs stock code (before any draw)."""
+
+
+class Pixels:
+    """The image between planned steps: an array, and geometry still to apply to it.
+
+    ``base`` is an H x W (L) or H x W x 3 (RGB) uint8 array, possibly a view; ``resize`` a pending
+    ``(height, width, PIL filter)``; ``flip`` a pending left-right mirror, applied after the resize.
+    Arrays are never written to: every operation makes a new one.
+    """
+
+    __slots__ = ("base", "resize", "flip", "info")
+
+    def __init__(self, base: np.ndarray, info: dict[Any, Any] | None = None) -> None:
+        self.base = base
+        self.resize: tuple[int, int, int] | None = None
+        self.flip = False
+        self.info = info or {}
+
+    @classmethod
+    def of(cls, img: Image.Image) -> Pixels:
+        """The pixels of a PIL ``RGB``/``L`` image (no copy for an array-held ``FastImage``)."""
+        return cls(K.from_pil(img), img.info)
+
+    @property
+    def hw(self) -> tuple[int, int]:
+        return (self.resize[0], self.resize[1]) if self.resize is not None else self.base.shape[:2]
+
+    @property
+    def mode(self) -> str:
+        return "L" if self.base.ndim == 2 else "RGB"
+
+    def array(self) -> np.ndarray:
+        """The image with everything applied."""
+        if self.resize is not None:
+            h, w, f = self.resize
+            self.base = K.resize(self.base, [h, w], f, flip=self.flip)
+            self.resize, self.flip = None, False
+        elif self.flip:
+            self.base = K.hflip(self.base)
+            self.flip = False
+        return self.base
+
+    def unflipped(self) -> np.ndarray:
+        """The image for a per-pixel operation: any resize applied, a flip may stay pending."""
+        return self.array() if self.resize is not None else self.base
+
+    def crop(self, top: int, left: int, height: int, width: int) -> None:
+        if self.resize is not None:
+            self.array()
+        if self.flip:  # the crop of the mirror is the mirror of the mirrored crop
+            left = self.base.shape[1] - left - width
+        self.base = K.crop(self.base, top, left, height, width)
+
+    def resize_to(self, height: int, width: int, pil_filter: int) -> None:
+        if self.resize is not None or self.flip:
+            # resize(flip(x)) need not equal flip(resize(x)) to the bit: apply what came before
+            self.array()
+        self.resize = (height, width, pil_filter)
+
+    def hflip(self) -> None:
+        self.flip = not self.flip
+
+    def vflip(self) -> None:
+        self.base = self.array()[::-1]
+
+    def proxy(self) -> FastImage:
+        """A pixel-less stand-in of the current size and mode, for stock ``get_params`` (size only)."""
+        img = FastImage()
+        img._mode = self.mode
+        img._size = (self.hw[1], self.hw[0])
+        return img
+
+    def image(self) -> FastImage:
+        return FastImage.wrap(self.array(), self.info)
+
+
+# --- runners: (transform, pixels) -> None, pixels changed in place -------------------------------
+
+_F: Any = None  # torchvision.transforms.functional, set by configure()
+
+
+def _pil_filter(interpolation: Any) -> int:
+    """PIL's filter number for a transform's ``interpolation``, as ``F.resize`` maps it."""
+    mode = interpolation
+    if not isinstance(mode, _F.InterpolationMode):
+        if isinstance(mode, int) and not isinstance(mode, bool):
+            try:
+                mode = _F._interpolation_modes_from_int(mode)
+            except (KeyError, ValueError) as exc:
+                raise UseStock from exc
+        else:
+            raise UseStock
+    f = _F.pil_modes_mapping.get(mode)
+    if f not in K.ARRAY_RESIZE_FILTERS:
+        raise UseStock
+    return int(f)
+
+
+def _size_request(size: Any) -> list[int]:
+    if isinstance(size, int) and not isinstance(size, bool):
+        return [size]
+    if isinstance(size, (list, tuple)) and len(size) in (1, 2) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in size):
+        return list(size)
+    raise UseStock
+
+
+def _resize_to(px: Pixels, size: Any, interpolation: Any, max_size: Any, antialias: Any) -> None:
+    """``F.resize`` of the current image, for the arguments it takes without a warning or an error."""
+    f = _pil_filter(interpolation)
+    if antialias is False:
+        raise UseStock  # stock warns that PIL always antialiases
+    request = _size_request(size)
+    if max_size is not None and (len(request) != 1 or not isinstance(max_size, int) or max_size <= request[0]):
+        raise UseStock
+    h, w = px.hw
+    out = _F._compute_resized_output_size((h, w), request, max_size)
+    if [h, w] == out:
+        return
+    if out[0] <= 0 or out[1] <= 0:
+        raise UseStock
+    px.resize_to(out[0], out[1], f)
+
+
+def _run_resize(t: Any, px: Pixels) -> None:
+    _resize_to(px, t.size, t.interpolation, t.max_size, t.antialias)
+
+
+def _run_random_resized_crop(t: Any, px: Pixels) -> None:
+    _pil_filter(t.interpolation)  # checked before the draws
+    _size_request(t.size)
+    if t.antialias is False:
+        raise UseStock
+    i, j, h, w = t.get_params(px.proxy(), t.scale, t.ratio)
+    px.crop(i, j, h, w)
+    _resize_to(px, t.size, t.interpolation, None, t.antialias)
+
+
+def _run_center_crop(t: Any, px: Pixels) -> None:
+    size = t.size
+    if isinstance(size, numbers.Number):
+        size = (int(size), int(size))
+    elif isinstance(size, (tuple, list)) and len(size) == 1:
+        size = (size[0], size[0])
+    if not (isinstance(size, (tuple, list)) and len(size) == 2 and all(type(v) is int and v > 0 for v in size)):
+        raise UseStock
+    crop_h, crop_w = size
+    h, w = px.hw
+    if crop_w > w or crop_h > h:
+        raise UseStock  # stock pads first
+    px.crop(int(round((h - crop_h) / 2.0)), int(round((w - crop_w) / 2.0)), crop_h, crop_w)
+
+
+def _run_random_crop(t: Any, px: Pixels) -> None:
+    size = t.size
+    if t.padding is not None or not (isinstance(size, (tuple, list)) and len(size) == 2
+                                     and all(type(v) is int for v in size)):
+        raise UseStock
+    h, w = px.hw
+    if t.pad_if_needed and (w < size[1] or h < size[0]):
+        raise UseStock
+    i, j, ch, cw = t.get_params(px.proxy(), t.size)
+    px.crop(i, j, ch, cw)
+
+
+def _run_hflip(t: Any, px: Pixels) -> None:
+    if _torch.rand(1) < t.p:
+        px.hflip()
+
+
+def _run_vflip(t: Any, px: Pixels) -> None:
+    if _torch.rand(1) < t.p:
+        px.vflip()
+
+
+def _hue(a: np.ndarray, factor: float) -> np.ndarray:
+    if a.ndim == 2:  # stock checks the range, then returns a grey image unchanged
+        if not (-0.5 <= factor <= 0.5):
+            raise ValueError(f"hue_factor ({factor}) is not in [-0.5, 0.5].")
+        return a
+    return K.adjust_hue(a, factor)
+
+
+#: ColorJitter's operations by its fn_idx: (array kernel, stock functional name, result keeps info).
+_JITTER = ((K.adjust_brightness, "adjust_brightness", False), (K.adjust_contrast, "adjust_contrast", False),
+           (K.adjust_saturation, "adjust_saturation", True), (_hue, "adjust_hue", False))
+
+
+def _colour(px: Pixels, op: tuple[Callable[..., np.ndarray], str, bool], factor: float) -> Pixels:
+    kernel, name, keeps_info = op
+    try:
+        out = kernel(px.unflipped(), factor)
+    except (TypeError, ValueError):
+        # an argument the kernel leaves to stock: stock's function, on stock's image
+        result = getattr(_F, name)(px.image(), factor)
+        if not (isinstance(result, Image.Image) and result.mode == px.mode):
+            raise _Left(result) from None
+        return Pixels.of(result)
+    px.base = out
+    if not keeps_info:
+        px.info = {}
+    return px
+
+
+class _Left(Exception):
+    """A stock function inside a planned step returned something the plan does not carry on."""
+
+    def __init__(self, value: Any) -> None:
+        super().__init__()
+        self.value = value
+
+
+def _run_color_jitter(t: Any, px: Pixels) -> Pixels:
+    fn_idx, b, c, s, h = t.get_params(t.brightness, t.contrast, t.saturation, t.hue)
+    for fn_id in fn_idx:
+        factor = (b, c, s, h)[int(fn_id)] if 0 <= int(fn_id) < 4 else None
+        if factor is not None:
+            px = _colour(px, _JITTER[int(fn_id)], factor)
+    return px
+
+
+def _grey(px: Pixels, channels: Any) -> None:
+    if channels not in (1, 3) or isinstance(channels, bool):
+        raise UseStock
+    px.base = K.to_grayscale(px.unflipped(), channels)
+    if channels == 3:
+        px.info = {}
+
+
+def _run_grayscale(t: Any, px: Pixels) -> None:
+    _grey(px, t.num_output_channels)
+
+
+def _run_random_grayscale(t: Any, px: Pixels) -> None:
+    channels = 1 if px.mode == "L" else 3
+    if _torch.rand(1) < t.p:
+        _grey(px, channels)
+
+
+_torch: Any = None
+_RUNNERS: dict[str, Callable[[Any, Pixels], Any]] = {
+    "Resize": _run_resize,
+    "RandomResizedCrop": _run_random_resized_crop,
+    "CenterCrop": _run_center_crop,
+    "RandomCrop": _run_random_crop,
+    "RandomHorizontalFlip": _run_hflip,
+    "RandomVerticalFlip": _run_vflip,
+    "ColorJitter": _run_color_jitter,
+    "Grayscale": _run_grayscale,
+    "RandomGrayscale": _run_random_grayscale,
+}
+#: The methods a known class must still have (stock's), or its instances run stock code.
+_STOCK_METHODS: dict[type, dict[str, Any]] = {}
+_CLASSES: dict[str, type] = {}
+
+
+def configure(transforms: Any) -> None:
+    """Record torchvision's classes and their stock methods (called by the patch when it applies)."""
+    global _F, _torch
+    import torch
+    from torchvision.transforms import functional
+
+    _F, _torch = functional, torch
+    _STOCK_METHODS.clear()
+    _CLASSES.clear()
+    for name in (*_RUNNERS, "ToTensor", "PILToTensor", "ConvertImageDtype", "Normalize"):
+        cls = getattr(transforms, name)
+        _CLASSES[name] = cls
+        _STOCK_METHODS[cls] = {m: vars(cls)[m] for m in ("forward", "__call__", "get_params") if m in vars(cls)}
+    _plans.clear()
+
+
+def _is_stock(t: Any, name: str) -> bool:
+    cls = _CLASSES.get(name)
+    if cls is None or type(t) is not cls:
+        return False
+    return all(vars(cls).get(m) is f for m, f in _STOCK_METHODS[cls].items())
+
+
+# --- the tensor tail ---------------------------------------------------------------------------
+
+
+class Tail:
+    """``ToTensor [+ Normalize]`` or ``PILToTensor [+ ConvertImageDtype(float) [+ Normalize]]`` at one position."""
+
+    def __init__(self, steps: list[Any]) -> None:
+        self.steps = steps
+        self.tables: dict[tuple[Any, ...], np.ndarray | None] = {}
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    @property
+    def to_tensor(self) -> bool:
+        return _is_stock(self.steps[0], "ToTensor")
+
+    def _key(self, channels: int) -> tuple[Any, ...] | None:
+        key: list[Any] = [channels, _torch.get_default_dtype() if self.to_tensor else None]
+        for t in self.steps[1:]:
+            if _is_stock(t, "ConvertImageDtype"):
+                key.append(t.dtype)
+            else:  # Normalize: the constants as plain numbers, or no table
+                try:
+                    key.append((tuple(float(m) for m in t.mean), tuple(float(s) for s in t.std), t.inplace))
+                except (TypeError, ValueError):
+                    return None
+        return tuple(key)
+
+    def table(self, channels: int) -> np.ndarray | None:
+        """The C x 256 float table of this tail for ``channels`` input channels, or None (run stock)."""
+        key = self._key(channels)
+        if key is None:
+            return None
+        if key not in self.tables:
+            self.tables[key] = self._probe(channels)
+        return self.tables[key]
+
+    def _probe(self, channels: int) -> np.ndarray | None:
+        torch = _torch
+        x = torch.arange(256, dtype=torch.uint8).view(1, 1, 256).expand(channels, 1, 256).contiguous()
+        if self.to_tensor:
+            x = x.to(dtype=torch.get_default_dtype()).div(255)  # ToTensor's own arithmetic on a uint8 image
+        try:
+            for t in self.steps[1:]:
+                x = t(x)  # stock ConvertImageDtype / Normalize: their arithmetic, their errors
+        except Exception:  # noqa: BLE001 - stock raises again, per image, in its own words
+            return None
+        if type(x) is not torch.Tensor or x.dtype not in (torch.float32, torch.float64) or x.dim() != 3:
+            return None
+        return x[:, 0, :].contiguous().numpy()
+
+
+def _find_tail(items: list[Any], i: int) -> Tail | None:
+    if _is_stock(items[i], "ToTensor"):
+        n = 2 if i + 1 < len(items) and _is_stock(items[i + 1], "Normalize") else 1
+        return Tail(items[i:i + n])
+    if _is_stock(items[i], "PILToTensor"):
+        n = 1
+        if i + 1 < len(items) and _is_stock(items[i + 1], "ConvertImageDtype"):
+            n = 2
+            if i + 2 < len(items) and _is_stock(items[i + 2], "Normalize"):
+                n = 3
+        return Tail(items[i:i + n])
+    return None
+
+
+# --- plans ----------------------------------------------------------------------------------
+
+
+class Plan:
+    """Per transform of a ``Compose``: its runner, a :class:`Tail` starting there, or None (stock)."""
+
+    def __init__(self, items: list[Any]) -> None:
+        self.items = items
+        self.runners: list[Callable[[Any, Pixels], Any] | None] = []
+        self.tails: dict[int, Tail] = {}
+        for i, t in enumerate(items):
+            name = type(t).__name__
+            self.runners.append(_RUNNERS[name] if name in _RUNNERS and _is_stock(t, name) else None)
+            if i not in self.tails and not any(i in range(j, j + len(tail)) for j, tail in self.tails.items()):
+                tail = _find_tail(items, i)
+                if tail is not None:
+                    self.tails[i] = tail
+
+    def matches(self, items: list[Any]) -> bool:
+        return len(items) == len(self.items) and all(a is b for a, b in zip(items, self.items))
+
+    def describe(self) -> list[str]:
+        """What runs where, one entry per transform (for tests and the docs)."""
+        out = []
+        for i, t in enumerate(self.items):
+            covering = [j for j, tail in self.tails.items() if j <= i < j + len(tail)]
+            kind = "tail" if covering else ("native" if self.runners[i] else "stock")
+            out.append(f"{type(t).__name__}: {kind}")
+        return out
+
+
+_plans: weakref.WeakKeyDictionary[Any, Plan] = weakref.WeakKeyDictionary()
+
+
+def plan_for(compose: Any) -> Plan:
+    """The plan of ``compose``, made on first use and kept while its list of transforms stays the same."""
+    items = list(compose.transforms)
+    plan = _plans.get(compose)
+    if plan is None or not plan.matches(items):
+        plan = Plan(items)
+        with contextlib.suppress(TypeError):  # not weak-referenceable: planned on every call
+            _plans[compose] = plan
+    return plan
+
+
+def _tensor_from(px: Pixels, tail: Tail, uint8: bool) -> Any:
+    """The tail's tensor, or None where stock must run it."""
+    a = px.array()
+    channels = 1 if a.ndim == 2 else 3
+    if uint8 or (len(tail) == 1 and not tail.to_tensor):
+        return K.pil_to_tensor(a)
+    table = tail.table(channels)
+    if table is None:
+        return None
+    return K.image_through_tables(a, table)
+
+
+def run(compose: Any, img: Image.Image, *, skip: int = 0, uint8_tail: bool = False) -> Any:
+    """Apply ``compose`` (after its first ``skip`` transforms) to the PIL ``RGB``/``L`` image ``img``.
+
+    ``uint8_tail``: the Compose ends in ``ToTensor [+ Normalize]`` and a DataLoader worker wants a
+    uint8 C x H x W tensor in its place. A ``FastImage`` in gives a ``FastImage`` out; a plain PIL
+    image gives a plain PIL image; a tail gives stock's tensor.
+    """
+    plan = plan_for(compose)
+    items = plan.items
+    stats = report.stats
+    fast_in = isinstance(img, FastImage)
+    x: Any = Pixels.of(img)
+    i = skip
+    n = len(items)
+    while i < n:
+        t = items[i]
+        if not isinstance(x, Pixels):
+            x = t(x)
+            i += 1
+            continue
+        tail = plan.tails.get(i)
+        if tail is not None and (not uint8_tail or i + len(tail) == n):
+            out = _tensor_from(x, tail, uint8_tail)
+            if out is not None:
+                x = out
+                i += len(tail)
+                continue
+        runner = plan.runners[i]
+        if runner is not None:
+            try:
+                out = runner(t, x)
+            except UseStock:
+                pass
+            except _Left as left:
+                x = left.value
+                i += 1
+                continue
+            else:
+                if isinstance(out, Pixels):
+                    x = out
+                i += 1
+                continue
+        # a stock step: it gets the image as stock would give it, and the plan resumes after it
+        if stats is not None:
+            stats.count("vision_transforms", False,
+                        f"`{type(t).__name__}` at position {i} of the Compose: stock code (not in the plan)")
+        result = t(x.image())
+        x = Pixels.of(result) if isinstance(result, Image.Image) and result.mode in ("RGB", "L") else result
+        i += 1
+    if isinstance(x, Pixels):
+        out_img = x.image()
+        return out_img if fast_in else out_img.to_plain()
+    return x
