@@ -1,14 +1,17 @@
-"""Vision benchmark: torchvision input pipelines, stock against nano-patch, on one core.
+"""Vision benchmark: input pipelines end to end, stock against nano-patch and albumentations.
 
-Real photographs that ship in scikit-learn and matplotlib are re-encoded as JPEG at pet-dataset
-sizes (longer side 300-500 px) and at 12 MP. Each pipeline runs from the JPEG file to the final
-tensor, as a dataset's ``__getitem__`` does, on one pinned core with one thread.
+Each pipeline runs the way a training script runs it: ``ImageFolder`` over real photographs (JPEGs
+of 300-500 px made from the photos that ship in scikit-learn and matplotlib, 3 classes of 40) and
+``DataLoader(batch_size=16, num_workers=0, shuffle=True)``, for ``--epochs`` epochs; the figure is
+the median images/s of the epochs after the first. Every (pipeline, side) runs in a fresh process
+pinned to one core with one thread, and the sides of a pipeline are interleaved within each of
+``--rounds`` rounds, so that drift on a shared machine hits them alike. Albumentations runs the
+same operations on the same files (``cv2.imread``, its own transforms, ``ToTensorV2``).
 
-Columns: stock torchvision, patched (this interpreter's PIL), and the same two under a second
-interpreter with pillow-simd (``--simd-python``), albumentations 2.0.8 on the same ops, and a
-decode-only bound (simplejpeg). ``--repeats`` rounds, each timing every column once (stock and
-patched interleaved); medians over the rounds. Results go to ``benchmarks/results/vision.json``
-and ``vision.png``.
+Sides: ``stock`` and ``patched`` in this interpreter (its PIL), ``albumentations`` where it has the
+ops, and with ``--simd-python`` the same two under an interpreter whose PIL is pillow-simd.
+``--isa avx2`` narrows the native kernels (``NANO_PATCH_NATIVE_ISA``), to see an AVX2-only CPU's
+path on an AVX-512 one. Results: ``benchmarks/results/vision[-STEM].json`` and ``.png``.
 
     python benchmarks/vision.py --simd-python /path/to/venv-with-pillow-simd/bin/python
 """
@@ -21,174 +24,214 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+#: name -> what it runs (the README and docs quote these names)
 PIPELINES = {
+    "pets": "RandomResizedCrop(128), RandomHorizontalFlip(), ColorJitter(0.3, 0.3, 0.3), ToTensor(), Normalize()",
     "a": "Resize(256), ColorJitter(.4,.4,.4,.1), RandomCrop(224), RandomHorizontalFlip(), Resize(128), ToTensor()",
     "b": "RandomResizedCrop(224), RandomHorizontalFlip(), ToTensor(), Normalize()",
     "c": "Resize(256), CenterCrop(224), ToTensor(), Normalize()",
-    "d": "RandomResizedCrop(224), RandomHorizontalFlip(), RandAugment(), ToTensor(), Normalize()",
+    "d": "(b) with RandAugment() before ToTensor",
+    "reference": "torchvision's reference recipe: RandomResizedCrop(224), RandomHorizontalFlip(), PILToTensor(), "
+                 "ConvertImageDtype(float), Normalize()",
     "v2 b": "transforms.v2: RandomResizedCrop(224), RandomHorizontalFlip(), PILToTensor(), ToDtype(float32, "
             "scale=True), Normalize(), on PIL images",
     "v2 b, tensors first": "transforms.v2: PILToTensor(), RandomResizedCrop(224), RandomHorizontalFlip(), "
                            "ToDtype(float32, scale=True), Normalize()",
+    "timm train": "timm.data.create_transform(224, is_training=True)",
+    "timm train, RandAugment + RandomErasing": "timm.data.create_transform(224, is_training=True, "
+                                               "auto_augment='rand-m9-mstd0.5', re_prob=0.25)",
+    "timm eval": "timm.data.create_transform(224)",
 }
+ALBUMENTATIONS = ("pets", "a", "b", "c")
 
 
-def make_photos(folder: Path) -> dict[str, list[str]]:
-    """Pet-size JPEGs (300-500 px) and 12 MP JPEGs from the bundled photos."""
-    import matplotlib
-    import sklearn
-    from PIL import Image
-
-    sources = [
-        Path(sklearn.__file__).parent / "datasets" / "images" / "china.jpg",
-        Path(sklearn.__file__).parent / "datasets" / "images" / "flower.jpg",
-        Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg",
-    ]
-    pets, big = [], []
-    for src in sources:
-        im = Image.open(src).convert("RGB")
-        for side in (500, 440, 380, 320):
-            small = im.copy()
-            small.thumbnail((side, side), Image.LANCZOS)
-            p = folder / f"{src.stem}_{side}.jpg"
-            small.save(p, quality=90)
-            pets.append(str(p))
-        # 12 MP: 4000x3000 (or 3000x4000), upsampled; real content, though softer than a camera's.
-        size = (4000, 3000) if im.width >= im.height else (3000, 4000)
-        p = folder / f"{src.stem}_12mp.jpg"
-        im.resize(size, Image.BICUBIC).save(p, quality=92)
-        big.append(str(p))
-    return {"pet": pets, "12mp": big}
-
-
-def torchvision_pipelines():
+def torchvision_pipeline(name: str):
+    import torch
     import torchvision.transforms as T
 
     norm = T.Normalize(MEAN, STD)
-    return {
-        "a": T.Compose([T.Resize(256), T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.RandomCrop(224),
-                        T.RandomHorizontalFlip(), T.Resize(128), T.ToTensor()]),
-        "b": T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), norm]),
-        "c": T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), norm]),
-        "d": T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.RandAugment(), T.ToTensor(), norm]),
-        **v2_pipelines(),
-    }
+    if name == "pets":
+        return T.Compose([T.RandomResizedCrop(128), T.RandomHorizontalFlip(), T.ColorJitter(0.3, 0.3, 0.3),
+                          T.ToTensor(), norm])
+    if name == "a":
+        return T.Compose([T.Resize(256), T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.RandomCrop(224),
+                          T.RandomHorizontalFlip(), T.Resize(128), T.ToTensor()])
+    if name == "b":
+        return T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), norm])
+    if name == "c":
+        return T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), norm])
+    if name == "d":
+        return T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.RandAugment(), T.ToTensor(), norm])
+    if name == "reference":
+        return T.Compose([T.RandomResizedCrop(224, antialias=True), T.RandomHorizontalFlip(0.5), T.PILToTensor(),
+                          T.ConvertImageDtype(torch.float), norm])
+    if name.startswith("v2"):
+        import torchvision.transforms.v2 as v2
+
+        tail = [v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]
+        if name == "v2 b":
+            return v2.Compose([v2.RandomResizedCrop(224), v2.RandomHorizontalFlip(), v2.PILToTensor(), *tail])
+        return v2.Compose([v2.PILToTensor(), v2.RandomResizedCrop(224), v2.RandomHorizontalFlip(), *tail])
+    if name.startswith("timm"):
+        from timm.data import create_transform
+
+        if name == "timm train":
+            return create_transform(224, is_training=True)
+        if name == "timm eval":
+            return create_transform(224)
+        return create_transform(224, is_training=True, auto_augment="rand-m9-mstd0.5", re_prob=0.25)
+    raise KeyError(name)
 
 
-def v2_pipelines():
-    import torch
-    import torchvision.transforms.v2 as v2
-
-    to_float = [v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]
-    return {
-        "v2 b": v2.Compose([v2.RandomResizedCrop(224), v2.RandomHorizontalFlip(), v2.PILToTensor(), *to_float]),
-        "v2 b, tensors first": v2.Compose([v2.PILToTensor(), v2.RandomResizedCrop(224), v2.RandomHorizontalFlip(),
-                                           *to_float]),
-    }
-
-
-def albumentations_pipelines():
+def albumentations_pipeline(name: str):
     import albumentations as A
     from albumentations.pytorch import ToTensorV2
 
-    return {
-        "a": A.Compose([A.SmallestMaxSize(256), A.ColorJitter(0.4, 0.4, 0.4, 0.1, p=1.0), A.RandomCrop(224, 224),
-                        A.HorizontalFlip(), A.SmallestMaxSize(128), A.ToFloat(max_value=255), ToTensorV2()]),
-        "b": A.Compose([A.RandomResizedCrop((224, 224)), A.HorizontalFlip(), A.Normalize(MEAN, STD), ToTensorV2()]),
-        "c": A.Compose([A.SmallestMaxSize(256), A.CenterCrop(224, 224), A.Normalize(MEAN, STD), ToTensorV2()]),
-    }
+    if name == "pets":
+        return A.Compose([A.RandomResizedCrop((128, 128)), A.HorizontalFlip(), A.ColorJitter(0.3, 0.3, 0.3, 0, p=1.0),
+                          A.Normalize(MEAN, STD), ToTensorV2()])
+    if name == "a":
+        return A.Compose([A.SmallestMaxSize(256), A.ColorJitter(0.4, 0.4, 0.4, 0.1, p=1.0), A.RandomCrop(224, 224),
+                          A.HorizontalFlip(), A.SmallestMaxSize(128), A.ToFloat(max_value=255), ToTensorV2()])
+    if name == "b":
+        return A.Compose([A.RandomResizedCrop((224, 224)), A.HorizontalFlip(), A.Normalize(MEAN, STD), ToTensorV2()])
+    if name == "c":
+        return A.Compose([A.SmallestMaxSize(256), A.CenterCrop(224, 224), A.Normalize(MEAN, STD), ToTensorV2()])
+    raise KeyError(name)
 
 
-def rate(fn, files: list[str], seconds: float, repeats: int) -> float:
-    """Median images/s over ``repeats`` passes of at least ``seconds`` each."""
-    for f in files[:4]:
-        fn(f)  # warm up: imports, thread pools, caches
-    rates = []
-    for _ in range(repeats):
-        n, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            for f in files:
-                fn(f)
-            n += len(files)
-        rates.append(n / (time.perf_counter() - start))
-    return statistics.median(rates)
-
-
-def measure(files: dict[str, list[str]], seconds: float, repeats: int, with_albumentations: bool) -> dict:
-    """Everything that runs in one interpreter: stock, patched, (albumentations), decode bound.
-
-    ``repeats`` rounds, each timing every column once, so that drift on a shared machine hits stock
-    and patched alike; each figure is the median over the rounds, and every round is kept.
-    """
-    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+def worker(side: str, name: str, root: str, epochs: int) -> dict:
+    """One (pipeline, side) in this fresh process: images/s of each epoch through the DataLoader."""
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[-1]})
     import cv2
-    import simplejpeg
     import torch
 
     torch.set_num_threads(1)
     cv2.setNumThreads(1)
-    from torchvision.datasets.folder import default_loader
+    if side == "patched":
+        import nano_patch
 
-    import nano_patch
-    from nano_patch import sysinfo
-    from nano_patch.vision import loading
-
-    pipes = torchvision_pipelines()
-    album = albumentations_pipelines() if with_albumentations else {}
-
-    def album_call(f, p):
-        img = cv2.cvtColor(cv2.imread(f), cv2.COLOR_BGR2RGB)
-        return p(image=img)["image"]
-
-    rounds: list[dict[tuple[str, str, str], float]] = []
-    for _ in range(repeats):
-        got: dict[tuple[str, str, str], float] = {}
-        for name, pipe in pipes.items():
-            torch.manual_seed(0)
-            got["pet", name, "stock"] = rate(lambda f, p=pipe: p(default_loader(f)), files["pet"], seconds, 1)
-        got["12mp", "c", "stock"] = rate(lambda f: pipes["c"](default_loader(f)), files["12mp"], seconds, 1)
         nano_patch.patch_torch()
-        for name, pipe in pipes.items():
-            got["pet", name, "patched"] = rate(lambda f, p=pipe: loading.load_transformed(f, p), files["pet"],
-                                               seconds, 1)
-        got["12mp", "c", "patched"] = rate(lambda f: loading.load_transformed(f, pipes["c"]), files["12mp"],
-                                           seconds, 1)
-        nano_patch.patch_torch(scaled_decode=True)
-        got["12mp", "c", "patched_scaled_decode"] = rate(lambda f: loading.load_transformed(f, pipes["c"]),
-                                                         files["12mp"], seconds, 1)
-        nano_patch.unpatch_torch()
-        for name, pipe in album.items():
-            got["pet", name, "albumentations"] = rate(lambda f, p=pipe: album_call(f, p), files["pet"], seconds, 1)
-        got["decode", "", ""] = rate(lambda f: simplejpeg.decode_jpeg(Path(f).read_bytes(), colorspace="RGB"),
-                                     files["pet"], seconds, 1)
-        rounds.append(got)
+    from torch.utils.data import DataLoader, Dataset
+    from torchvision.datasets import ImageFolder
 
-    out = summarise([{"/".join(k).strip("/"): v for k, v in r.items()} for r in rounds])
-    out["pil"] = "{} {}".format(*sysinfo.pillow_distribution())
-    if with_albumentations:
-        import albumentations
+    if side == "albumentations":
+        tf = albumentations_pipeline(name)
 
-        out["albumentations"] = albumentations.__version__
-    return out
+        class Folder(Dataset):
+            def __init__(self) -> None:
+                self.samples = ImageFolder(root).samples
+
+            def __len__(self) -> int:
+                return len(self.samples)
+
+            def __getitem__(self, i: int):
+                path, target = self.samples[i]
+                return tf(image=cv2.cvtColor(cv2.imread(path), cv2.COLOR_BGR2RGB))["image"], target
+
+        dataset: Dataset = Folder()
+    else:
+        dataset = ImageFolder(root, transform=torchvision_pipeline(name))
+    loader = DataLoader(dataset, batch_size=16, shuffle=True, num_workers=0)
+    torch.manual_seed(0)
+    rates = []
+    for _ in range(epochs):
+        n, start = 0, time.perf_counter()
+        for _, y in loader:
+            n += len(y)
+        rates.append(n / (time.perf_counter() - start))
+    return {"rates": rates, "images_per_s": statistics.median(rates[1:] or rates)}
 
 
-def summarise(rounds: list[dict[str, float]]) -> dict:
-    """Medians over rounds of ``{"pet/a/stock": images_per_s, ..., "decode": ...}``, every round kept."""
-    out: dict = {"pet": {}, "12mp": {}, "rounds": rounds}
-    for key in rounds[0]:
-        value = statistics.median(r[key] for r in rounds)
-        if key == "decode":
-            out["pet_decode_only"] = value
-        else:
-            size, name, column = key.split("/")
-            out[size].setdefault(name, {})[column] = value
-    return out
+def run_side(python: str, side: str, name: str, root: str, epochs: int, isa: str | None) -> float:
+    env = dict(os.environ)
+    if isa:
+        env["NANO_PATCH_NATIVE_ISA"] = isa
+    out = subprocess.run([python, __file__, "--worker", side, name, root, str(epochs)], env=env,
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])["images_per_s"]
+
+
+def measure(names: list[str], root: str, rounds: int, epochs: int, simd_python: str | None,
+            isa: str | None) -> dict:
+    """Every round runs every (pipeline, side) once, sides interleaved; medians over rounds."""
+    sides: list[tuple[str, str, str]] = [("stock", sys.executable, "stock"), ("patched", sys.executable, "patched")]
+    if simd_python:
+        sides += [("stock+simd", simd_python, "stock"), ("patched+simd", simd_python, "patched")]
+    per_round: list[dict[str, dict[str, float]]] = []
+    for r in range(rounds):
+        got: dict[str, dict[str, float]] = {}
+        for name in names:
+            got[name] = {}
+            todo = list(sides) + ([("albumentations", sys.executable, "albumentations")]
+                                  if name in ALBUMENTATIONS else [])
+            for label, python, side in (todo if r % 2 == 0 else todo[::-1]):
+                got[name][label] = run_side(python, side, name, root, epochs, isa)
+            print(f"round {r}: {name}: " + ", ".join(f"{k} {v:.0f}" for k, v in got[name].items()), flush=True)
+        per_round.append(got)
+    medians = {name: {label: statistics.median(rd[name][label] for rd in per_round) for label in per_round[0][name]}
+               for name in names}
+    return {"medians": medians, "per_round": per_round}
+
+
+def decode_only(root: str) -> float:
+    """images/s of libjpeg-turbo (simplejpeg) alone on the same files, one core: the floor of every row."""
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[-1]})
+    import simplejpeg
+    from torchvision.datasets import ImageFolder
+
+    files = [p for p, _ in ImageFolder(root).samples]
+    rates = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for f in files:
+            simplejpeg.decode_jpeg(Path(f).read_bytes(), colorspace="RGB")
+        rates.append(len(files) / (time.perf_counter() - start))
+    return statistics.median(rates)
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def machine() -> str:
+    flags: set[str] = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    isa = "AVX-512" if "avx512f" in flags else ("AVX2" if "avx2" in flags else "no AVX2")
+    return f"{cpu_name()} ({isa}), {os.cpu_count()} CPUs, Python {platform.python_version()}"
+
+
+def table(result: dict) -> str:
+    med = result["medians"]
+    cols = ["stock", "patched", "stock+simd", "patched+simd", "albumentations"]
+    cols = [c for c in cols if any(c in v for v in med.values())]
+    lines = ["| pipeline | " + " | ".join(cols) + " | patched / stock | patched / albumentations |",
+             "|---|" + "---|" * (len(cols) + 2)]
+    for name, v in med.items():
+        cells = [f"{v[c]:.0f}" if c in v else "-" for c in cols]
+        vs_alb = f"{v['patched'] / v['albumentations']:.2f}x" if "albumentations" in v else "-"
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {v['patched'] / v['stock']:.2f}x | {vs_alb} |")
+    lines.append(f"\ndecode only (simplejpeg): {result['decode_only']:.0f} images/s; {result['machine']}")
+    return "\n".join(lines)
 
 
 def chart(result: dict, path: Path) -> None:
@@ -197,23 +240,20 @@ def chart(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plain, simd = result["plain"], result.get("simd")
-    cols = [("stock, Pillow", plain, "stock"), ("patched, Pillow", plain, "patched")]
-    if simd:
-        cols += [("stock, pillow-simd", simd, "stock"), ("patched, pillow-simd", simd, "patched")]
-    cols.append(("albumentations", plain, "albumentations"))
-    names = list(PIPELINES)
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    med = result["medians"]
+    names = list(med)
+    cols = [c for c in ("stock", "patched", "stock+simd", "patched+simd", "albumentations")
+            if any(c in v for v in med.values())]
+    fig, ax = plt.subplots(figsize=(11, 4.8))
     width = 0.8 / len(cols)
-    for i, (label, res, key) in enumerate(cols):
-        vals = [res["pet"][n].get(key, 0) for n in names]
-        ax.bar([x + i * width for x in range(len(names))], vals, width, label=label)
-    ax.axhline(plain["pet_decode_only"], color="k", ls="--", lw=1, label="decode only (simplejpeg)")
+    for i, c in enumerate(cols):
+        ax.bar([x + i * width for x in range(len(names))], [med[n].get(c, 0) for n in names], width, label=c)
+    ax.axhline(result["decode_only"], color="k", ls="--", lw=1, label="decode only")
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(names))],
-                  [n.replace(", ", "\n") if n.startswith("v2") else f"({n})" for n in names])
-    ax.set_ylabel("images / s, one core")
-    ax.set_title(f"torchvision pipelines from JPEG, 300-500 px photos\n{result['machine']}")
-    ax.legend(fontsize=8)
+                  [n.replace(", ", ",\n").replace(" + ", "\n+ ") for n in names], fontsize=7)
+    ax.set_ylabel("images / s, one core, through the DataLoader")
+    ax.set_title(f"torchvision pipelines from JPEG file to batch\n{result['machine']}", fontsize=9)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -221,77 +261,32 @@ def chart(result: dict, path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--simd-python", help="an interpreter whose PIL is pillow-simd (same torch/torchvision)")
-    ap.add_argument("--seconds", type=float, default=2.0)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--only", nargs="*", choices=list(PIPELINES), help="pipelines to run (default: all)")
+    ap.add_argument("--isa", choices=["generic", "avx2", "avx512"], help="narrow the native kernels")
+    ap.add_argument("--stem", default="vision")
+    ap.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        files = json.loads(Path(args.worker).read_text())
-        print(json.dumps(measure(files, args.seconds, args.repeats, with_albumentations=False)))
+        side, name, root, epochs = args.worker
+        print(json.dumps(worker(side, name, root, int(epochs))))
         return
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from make_photo_folder import build
+
     with tempfile.TemporaryDirectory() as tmp:
-        files = make_photos(Path(tmp))
-        result = {"machine": f"{platform.processor() or platform.machine()}, {_cpu_name()}, {os.cpu_count()} CPUs",
-                  "python": platform.python_version(), "seconds": args.seconds, "repeats": args.repeats}
-        spec = Path(tmp) / "files.json"
-        spec.write_text(json.dumps(files))
-        plain: list[dict] = []
-        simd: list[dict] = []
-        for _ in range(args.repeats):  # plain Pillow and pillow-simd rounds alternate, so drift hits both
-            plain.append(measure(files, args.seconds, 1, with_albumentations=True))
-            if args.simd_python:
-                proc = subprocess.run([args.simd_python, __file__, "--worker", str(spec), "--seconds",
-                                       str(args.seconds), "--repeats", "1"], capture_output=True, text=True, check=True)
-                simd.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-        result["plain"] = {**plain[0], **summarise([r for p in plain for r in p["rounds"]])}
-        if simd:
-            result["simd"] = {**simd[0], **summarise([r for p in simd for r in p["rounds"]])}
+        build(Path(tmp), per_class=40)
+        root = str(Path(tmp) / "train")
+        result = {"machine": machine(), "rounds": args.rounds, "epochs": args.epochs, "isa": args.isa,
+                  "pipelines": {n: PIPELINES[n] for n in (args.only or PIPELINES)},
+                  "decode_only": decode_only(root)}
+        result.update(measure(list(args.only or PIPELINES), root, args.rounds, args.epochs, args.simd_python,
+                              args.isa))
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "vision.json").write_text(json.dumps(result, indent=2))
-    chart(result, RESULTS / "vision.png")
+    (RESULTS / f"{args.stem}.json").write_text(json.dumps(result, indent=2))
+    chart(result, RESULTS / f"{args.stem}.png")
     print(table(result))
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
-
-
-def table(result: dict) -> str:
-    plain, simd = result["plain"], result.get("simd") or {}
-    lines = [
-        "| pipeline | stock, Pillow | patched, Pillow | stock, pillow-simd | patched, pillow-simd | albumentations "
-        "| patched+simd / stock+Pillow | patched+simd / stock+simd |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for n in PIPELINES:
-        p = plain["pet"][n]
-        s = simd.get("pet", {}).get(n, {})
-        best = s.get("patched", p["patched"])
-        label = n if n.startswith("v2") else f"({n})"
-        lines.append(
-            f"| {label} | {p['stock']:.0f} | {p['patched']:.0f} ({p['patched'] / p['stock']:.2f}x) | "
-            f"{s.get('stock', float('nan')):.0f} | {s.get('patched', float('nan')):.0f} | "
-            f"{p.get('albumentations', float('nan')):.0f} | {best / p['stock']:.2f}x | "
-            f"{best / s.get('stock', float('nan')):.2f}x |"
-        )
-    big = plain["12mp"]["c"]
-    scaled = big["patched_scaled_decode"]
-    lines.append(f"\n12 MP, pipeline (c): stock {big['stock']:.1f}/s, patched {big['patched']:.1f}/s "
-                 f"({big['patched'] / big['stock']:.2f}x), patched + scaled_decode {scaled:.1f}/s "
-                 f"({scaled / big['stock']:.2f}x)")
-    if simd:
-        b = simd["12mp"]["c"]
-        lines.append(f"12 MP with pillow-simd: stock {b['stock']:.1f}/s, patched {b['patched']:.1f}/s "
-                     f"({b['patched'] / big['stock']:.2f}x over stock+Pillow), scaled_decode "
-                     f"{b['patched_scaled_decode']:.1f}/s ({b['patched_scaled_decode'] / big['stock']:.2f}x)")
-    lines.append(f"decode only (simplejpeg): {plain['pet_decode_only']:.0f} images/s")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -154,6 +154,12 @@ def test_resize_of_real_photo_crops(isa, photos):
         flip = bool(trial % 3 == 0)
         got = native.resample(src, (oh, ow), f, box=box, flip=flip)
         assert np.array_equal(got, want[:, ::-1] if flip else want), (trial, (h, w), (oh, ow), f, box, flip)
+        # a window of the output (a CenterCrop after a Resize): only that part computed, the same pixels
+        wt, wl = int(rng.integers(0, oh)), int(rng.integers(0, ow))
+        wh, ww = int(rng.integers(1, oh - wt + 1)), int(rng.integers(1, ow - wl + 1))
+        part = want[wt:wt + wh, wl:wl + ww]
+        got = native.resample(src, (oh, ow), f, box=box, flip=flip, window=(wt, wl, wh, ww))
+        assert np.array_equal(got, part[:, ::-1] if flip else part), (trial, (wt, wl, wh, ww))
 
 
 def test_random_resized_crop_draws_at_seed_42(isa, photos):
@@ -179,7 +185,8 @@ def test_tables_and_tensor_tail(isa):
         assert np.array_equal(native.planes_lut(a, table), np.stack([table[c][a[..., c]] for c in range(3)]))
         grey = a[..., 0]
         assert np.array_equal(native.planes_lut(grey, table), np.stack([table[c][grey] for c in range(3)]))
-    assert np.array_equal(native.planes_u8(a[::-1, 3:30]), a[::-1, 3:30].transpose(2, 0, 1))
+        assert np.array_equal(native.pixels_lut(a[::-1, 3:30], table),
+                              np.stack([table[c][a[::-1, 3:30, c]] for c in range(3)], -1))
 
 
 def test_bad_input_is_named():
@@ -191,7 +198,7 @@ def test_bad_input_is_named():
         native.resample(np.zeros((4, 4, 3), np.uint8), (2, 2), 0)
     with pytest.raises(ValueError, match="empty"):
         native.rgb_to_l(np.zeros((0, 4, 3), np.uint8))
-    with pytest.raises(ValueError, match="bad resample sizes or box"):
+    with pytest.raises(ValueError, match="bad resample sizes, window or box"):
         native.resample(np.zeros((4, 4, 3), np.uint8), (2, 2), 2, box=(0.0, 0.0, 5.0, 4.0))
     with pytest.raises(ValueError, match="not available here"):
         MOD.set_isa("sse9")

@@ -97,6 +97,8 @@ def _compare(name: str, got, want, max_bar, mean_bar) -> None:
         assert (got.mode, got.size) == (want.mode, want.size), name
     if isinstance(want, torch.Tensor):
         assert (got.dtype, got.shape) == (want.dtype, want.shape), name
+        if want.numel() > 1 and want.dim() >= 3:  # stock's memory layout as well
+            assert got.stride() == want.stride(), f"{name}: strides {got.stride()} against stock's {want.stride()}"
         if isinstance(want, tv_tensors.BoundingBoxes):
             assert (got.format, got.canvas_size) == (want.format, want.canvas_size), name
     if not isinstance(want, (Image.Image, torch.Tensor)):

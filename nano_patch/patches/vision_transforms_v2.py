@@ -99,7 +99,7 @@ class _TensorTail:
             if type(steps[0]) not in (v2.PILToTensor, v2.ToImage):
                 return None
             probe_type = self.image_type if type(steps[0]) is v2.ToImage else None
-            rest, planes = steps[1:], lambda: K.planes(K.from_pil(x))
+            rest, planes = steps[1:], None  # stock keeps the image's channels-last strides here
             channels = 1 if x.mode == "L" else 3
         elif self.takes_tensor(x) and x.is_contiguous():
             probe_type = self.image_type if type(x) is self.image_type else None
@@ -113,7 +113,12 @@ class _TensorTail:
         table, out_type = self.tables.get(key) or self._table(rest, channels, probe_type, key)
         if table.shape[0] != channels and channels != 1:
             return None
-        out = K.planes_through_tables(planes(), table)
+        if planes is None and table.shape[0] == channels:
+            out = K.pixels_through_tables(K.from_pil(x), table)
+        elif planes is None:  # a grey image normalised to three channels: stock broadcasts into a new tensor
+            out = K.image_through_tables(K.from_pil(x), table)
+        else:
+            out = K.planes_through_tables(planes(), table)
         return out if out_type is None else out_type(out)
 
     def _key(self, rest: list[Any], channels: int, probe_type: Any) -> tuple[Any, ...] | None:

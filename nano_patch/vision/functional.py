@@ -179,10 +179,13 @@ def pad(a: np.ndarray, padding: Any, fill: Any = 0, padding_mode: str = "constan
 ARRAY_RESIZE_FILTERS = frozenset({0, *native.FILTERS})
 
 
-def resize(a: np.ndarray, size: list[int], interpolation: int = Image.BILINEAR, flip: bool = False) -> np.ndarray:
+def resize(a: np.ndarray, size: list[int], interpolation: int = Image.BILINEAR, flip: bool = False,
+           window: tuple[int, int, int, int] | None = None) -> np.ndarray:
     """Resize to ``size`` = [height, width] exactly like ``PIL.Image.resize`` (always antialiased).
 
     ``flip``: mirror the result left to right as well (``hflip`` after the resize, at no cost).
+    ``window``: (top, left, height, width) inside the result: the crop of it to return (only that part
+    of the resize is computed).
     Nearest neighbour: OpenCV's exact nearest, which picks PIL's pixels. The convolution filters:
     the native resample (PIL's weights and fixed-point rounding, checked against the installed
     PIL), else PIL's own resize; bit-exact on whichever PIL is installed either way.
@@ -192,15 +195,17 @@ def resize(a: np.ndarray, size: list[int], interpolation: int = Image.BILINEAR, 
     oh, ow = _int(size[0]), _int(size[1])
     if oh <= 0 or ow <= 0:
         raise ValueError("empty size: stock code decides")
-    if interpolation == Image.NEAREST:
-        out = cv2().resize(_contig(a), (ow, oh), interpolation=cv2().INTER_NEAREST_EXACT)
-        return hflip(out) if flip else out
     if interpolation in native.FILTERS:
         try:
-            return native.resample(a, (oh, ow), int(interpolation), flip=flip)
+            return native.resample(a, (oh, ow), int(interpolation), flip=flip, window=window)
         except native.NativeUnavailable as exc:
             _fell_back("resize", exc)
-    out = np.asarray(to_pil(a).resize((ow, oh), interpolation))
+    if interpolation == Image.NEAREST:
+        out = cv2().resize(_contig(a), (ow, oh), interpolation=cv2().INTER_NEAREST_EXACT)
+    else:
+        out = np.asarray(to_pil(a).resize((ow, oh), interpolation))
+    if window is not None:
+        out = out[window[0]:window[0] + window[2], window[1]:window[1] + window[3]]
     return hflip(out) if flip else out
 
 
@@ -586,9 +591,12 @@ def image_through_tables(a: np.ndarray, table: np.ndarray):
     import torch
 
     try:
-        return torch.from_numpy(native.planes_lut(a, table))
+        out = torch.from_numpy(native.planes_lut(a, table))
     except native.NativeUnavailable:
-        return planes_through_tables(planes(a), table)
+        out = planes_through_tables(planes(a), table)
+    if out.shape[0] == 1:  # stock's strides for one channel: a (H, W, 1) array seen as (1, H, W)
+        out = out[0].unsqueeze(2).permute(2, 0, 1)
+    return out
 
 
 def _float_planes(a: np.ndarray, dtype: Any = None):
@@ -608,15 +616,27 @@ def _float_planes(a: np.ndarray, dtype: Any = None):
     return out
 
 
-def pil_to_tensor(a: np.ndarray):
-    """``PILToTensor``: C x H x W uint8, a new tensor."""
-    import torch
+def pil_to_tensor(a: np.ndarray, owned: bool = False):
+    """``PILToTensor``: a C x H x W uint8 view of an H x W x C copy, stock's layout (channels-last strides).
 
+    ``owned``: ``a`` is private to the caller, so it is not copied again.
+    """
+    if not (owned and a.flags.writeable and a.flags.c_contiguous):
+        a = np.array(a, copy=True, order="C")
+    t = _from_numpy(a)
+    return (t.unsqueeze(2) if a.ndim == 2 else t).permute(2, 0, 1)
+
+
+def pixels_through_tables(a: np.ndarray, table: np.ndarray):
+    """``PILToTensor`` + ``ConvertImageDtype`` (+ ``Normalize``) as stock lays it out: a C x H x W view of
+    an H x W x C float array, channel ``c`` through row ``c`` of ``table``."""
     try:
-        return torch.from_numpy(native.planes_u8(a))
+        hwc = native.pixels_lut(a, table)
     except native.NativeUnavailable:
-        hwc = a[:, :, None] if a.ndim == 2 else a
-        return _from_numpy(hwc).permute(2, 0, 1).contiguous()
+        src = a[:, :, None] if a.ndim == 2 else a
+        hwc = np.stack([table[c][src[..., c]] for c in range(src.shape[2])], -1)
+    t = _from_numpy(hwc)
+    return (t.unsqueeze(2) if hwc.ndim == 2 else t).permute(2, 0, 1)
 
 
 def _from_numpy(a: np.ndarray):

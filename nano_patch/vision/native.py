@@ -156,12 +156,15 @@ def _image(a: np.ndarray, what: str = "image") -> np.ndarray:
 
 
 def resample(a: np.ndarray, size: tuple[int, int], resample_filter: int,
-             box: tuple[float, float, float, float] | None = None, flip: bool = False) -> np.ndarray:
-    """``Image.resize((w, h), filter, box)`` on ``a``, then mirrored left to right if ``flip``.
+             box: tuple[float, float, float, float] | None = None, flip: bool = False,
+             window: tuple[int, int, int, int] | None = None) -> np.ndarray:
+    """``Image.resize((w, h), filter, box)`` on ``a``, then cropped to ``window``, then mirrored if ``flip``.
 
     ``size`` is (height, width); ``filter`` one of PIL's numbers in :data:`FILTERS`; ``box`` PIL's
-    (left, upper, right, lower) source box in float, the whole image by default. A crop is a view:
-    pass ``a[top:bottom, left:right]`` to resize a crop the way stock crops, then resizes.
+    (left, upper, right, lower) source box in float, the whole image by default; ``window``
+    (top, left, height, width) a crop of the result that lies inside it: only that part is computed.
+    A crop of the source is a view: pass ``a[top:bottom, left:right]`` to resize a crop the way
+    stock crops, then resizes.
     """
     mod = kernel("resample")
     a = _image(a)
@@ -172,8 +175,9 @@ def resample(a: np.ndarray, size: tuple[int, int], resample_filter: int,
     if h <= 0 or w <= 0:
         raise ValueError(f"size must be positive, got {size}")
     box = (0.0, 0.0, float(a.shape[1]), float(a.shape[0])) if box is None else tuple(float(b) for b in box)
-    out = np.empty((h, w) + a.shape[2:], np.uint8)
-    mod.resample(a, out, int(resample_filter), box, bool(flip), _order_rule)
+    top, left, wh, ww = (0, 0, h, w) if window is None else (int(v) for v in window)
+    out = np.empty((wh, ww) + a.shape[2:], np.uint8)
+    mod.resample(a, out, int(resample_filter), box, bool(flip), _order_rule, (w, h), (left, top))
     return out
 
 
@@ -253,12 +257,13 @@ def planes_lut(a: np.ndarray, table: np.ndarray) -> np.ndarray:
     return out
 
 
-def planes_u8(a: np.ndarray) -> np.ndarray:
-    """``a`` as a C x H x W uint8 array (what ``PILToTensor`` gives)."""
+def pixels_lut(a: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """An H x W x C float array: channel ``c`` of ``a`` through row ``c`` of the C x 256 ``table``."""
     mod = kernel("tables")
     a = _image(a)
-    out = np.empty((1 if a.ndim == 2 else 3,) + a.shape[:2], np.uint8)
-    mod.planes_u8(a, out)
+    table = np.ascontiguousarray(table)
+    out = np.empty(a.shape, dtype=table.dtype)
+    mod.pixels_lut(a, table, out)
     return out
 
 
@@ -333,7 +338,7 @@ def check_resample(mod: ModuleType) -> str | None:
         for arr, dst, f, box, want in cases:
             for flip in (False, True):
                 out = np.empty(dst + arr.shape[2:], np.uint8)
-                mod.resample(arr, out, f, box, flip, rule)
+                mod.resample(arr, out, f, box, flip, rule, (dst[1], dst[0]), (0, 0))
                 if not np.array_equal(out, want[:, ::-1] if flip else want):
                     ok = False
                     break
@@ -435,10 +440,10 @@ def check_tables(mod: ModuleType) -> str | None:
         mod.planes_lut(probe, table, out)
         if not np.array_equal(out, np.stack([table[c][probe[..., c]] for c in range(3)])):
             return "the compiled tensor tail is wrong"
-    out8 = np.empty((3,) + probe.shape[:2], np.uint8)
-    mod.planes_u8(probe, out8)
-    if not np.array_equal(out8, probe.transpose(2, 0, 1)):
-        return "the compiled uint8 tensor tail is wrong"
+        out = np.empty(probe.shape, dtype)
+        mod.pixels_lut(probe, table, out)
+        if not np.array_equal(out, np.stack([table[c][probe[..., c]] for c in range(3)], -1)):
+            return "the compiled tensor tail is wrong"
     return None
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+import random
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -41,17 +42,21 @@ class Pixels:
     """The image between planned steps: an array, and geometry still to apply to it.
 
     ``base`` is an H x W (L) or H x W x 3 (RGB) uint8 array, possibly a view; ``resize`` a pending
-    ``(height, width, PIL filter)``; ``flip`` a pending left-right mirror, applied after the resize.
-    Arrays are never written to: every operation makes a new one.
+    ``(height, width, PIL filter)``; ``window`` a pending crop ``(top, left, height, width)`` of the
+    resize's output, inside it (only that part is then computed); ``flip`` a pending left-right
+    mirror, applied last. Arrays are never written to: every operation makes a new one. ``owned``:
+    ``base`` (or what it is a view of) was made in this run, so a tensor may take it over as it is.
     """
 
-    __slots__ = ("base", "resize", "flip", "info")
+    __slots__ = ("base", "resize", "window", "flip", "info", "owned")
 
     def __init__(self, base: np.ndarray, info: dict[Any, Any] | None = None) -> None:
         self.base = base
         self.resize: tuple[int, int, int] | None = None
+        self.window: tuple[int, int, int, int] | None = None
         self.flip = False
         self.info = info or {}
+        self.owned = False
 
     @classmethod
     def of(cls, img: Image.Image) -> Pixels:
@@ -60,6 +65,8 @@ class Pixels:
 
     @property
     def hw(self) -> tuple[int, int]:
+        if self.window is not None:
+            return self.window[2], self.window[3]
         return (self.resize[0], self.resize[1]) if self.resize is not None else self.base.shape[:2]
 
     @property
@@ -70,11 +77,11 @@ class Pixels:
         """The image with everything applied."""
         if self.resize is not None:
             h, w, f = self.resize
-            self.base = K.resize(self.base, [h, w], f, flip=self.flip)
-            self.resize, self.flip = None, False
+            self.base = K.resize(self.base, [h, w], f, flip=self.flip, window=self.window)
+            self.resize, self.window, self.flip, self.owned = None, None, False, True
         elif self.flip:
             self.base = K.hflip(self.base)
-            self.flip = False
+            self.flip, self.owned = False, True
         return self.base
 
     def unflipped(self) -> np.ndarray:
@@ -82,10 +89,17 @@ class Pixels:
         return self.array() if self.resize is not None else self.base
 
     def crop(self, top: int, left: int, height: int, width: int) -> None:
-        if self.resize is not None:
-            self.array()
+        h, w = self.hw
         if self.flip:  # the crop of the mirror is the mirror of the mirrored crop
-            left = self.base.shape[1] - left - width
+            left = w - left - width
+        if self.resize is not None:
+            if top >= 0 and left >= 0 and height > 0 and width > 0 and top + height <= h and left + width <= w:
+                wt, wl = (self.window[0], self.window[1]) if self.window is not None else (0, 0)
+                self.window = (wt + top, wl + left, height, width)  # compute only what is kept
+                return
+            if self.flip:
+                left = w - left - width
+            self.array()
         self.base = K.crop(self.base, top, left, height, width)
 
     def resize_to(self, height: int, width: int, pil_filter: int) -> None:
@@ -173,6 +187,18 @@ def _run_random_resized_crop(t: Any, px: Pixels) -> None:
     _resize_to(px, t.size, t.interpolation, None, t.antialias)
 
 
+def _run_timm_random_resized_crop(t: Any, px: Pixels) -> None:
+    """timm's RandomResizedCropAndInterpolation: its own draws (Python's ``random``), then F.resized_crop."""
+    modes = t.interpolation if isinstance(t.interpolation, (tuple, list)) else (t.interpolation,)
+    for mode in modes:
+        _pil_filter(mode)  # checked before the draws
+    _size_request(t.size)
+    i, j, h, w = t.get_params(px.proxy(), t.scale, t.ratio)
+    mode = random.choice(t.interpolation) if isinstance(t.interpolation, (tuple, list)) else t.interpolation
+    px.crop(i, j, h, w)
+    _resize_to(px, t.size, mode, None, True)
+
+
 def _run_center_crop(t: Any, px: Pixels) -> None:
     size = t.size
     if isinstance(size, numbers.Number):
@@ -233,9 +259,11 @@ def _colour(px: Pixels, op: tuple[Callable[..., np.ndarray], str, bool], factor:
         if not (isinstance(result, Image.Image) and result.mode == px.mode):
             raise _Left(result) from None
         return Pixels.of(result)
+    if out is not px.base:
+        px.owned = True
+        if not keeps_info:  # (stock's hue returns a grey image itself, info and all)
+            px.info = {}
     px.base = out
-    if not keeps_info:
-        px.info = {}
     return px
 
 
@@ -259,7 +287,10 @@ def _run_color_jitter(t: Any, px: Pixels) -> Pixels:
 def _grey(px: Pixels, channels: Any) -> None:
     if channels not in (1, 3) or isinstance(channels, bool):
         raise UseStock
-    px.base = K.to_grayscale(px.unflipped(), channels)
+    before = px.unflipped()
+    px.base = K.to_grayscale(before, channels)
+    if px.base is not before:
+        px.owned = True
     if channels == 3:
         px.info = {}
 
@@ -285,7 +316,11 @@ _RUNNERS: dict[str, Callable[[Any, Pixels], Any]] = {
     "ColorJitter": _run_color_jitter,
     "Grayscale": _run_grayscale,
     "RandomGrayscale": _run_random_grayscale,
+    "RandomResizedCropAndInterpolation": _run_timm_random_resized_crop,
 }
+#: Classes of other libraries the plan knows, recorded the first time a plan meets them:
+#: (module, name). timm's transforms call torchvision's functional kernels with its own draws.
+_OTHERS = {("timm.data.transforms", "RandomResizedCropAndInterpolation"), ("timm.data.transforms", "MaybeToTensor")}
 #: The methods a known class must still have (stock's), or its instances run stock code.
 _STOCK_METHODS: dict[type, dict[str, Any]] = {}
 _CLASSES: dict[str, type] = {}
@@ -300,11 +335,19 @@ def configure(transforms: Any) -> None:
     _F, _torch = functional, torch
     _STOCK_METHODS.clear()
     _CLASSES.clear()
-    for name in (*_RUNNERS, "ToTensor", "PILToTensor", "ConvertImageDtype", "Normalize"):
+    others = {name for _, name in _OTHERS}
+    for name in (*(n for n in _RUNNERS if n not in others), "ToTensor", "PILToTensor", "ConvertImageDtype",
+                 "Normalize"):
         cls = getattr(transforms, name)
         _CLASSES[name] = cls
         _STOCK_METHODS[cls] = {m: vars(cls)[m] for m in ("forward", "__call__", "get_params") if m in vars(cls)}
     _plans.clear()
+
+
+def _record_other(cls: type) -> None:
+    if (cls.__module__, cls.__name__) in _OTHERS and cls.__name__ not in _CLASSES:
+        _CLASSES[cls.__name__] = cls
+        _STOCK_METHODS[cls] = {m: vars(cls)[m] for m in ("forward", "__call__", "get_params") if m in vars(cls)}
 
 
 def _is_stock(t: Any, name: str) -> bool:
@@ -329,7 +372,7 @@ class Tail:
 
     @property
     def to_tensor(self) -> bool:
-        return _is_stock(self.steps[0], "ToTensor")
+        return _is_stock(self.steps[0], "ToTensor") or _is_stock(self.steps[0], "MaybeToTensor")
 
     def _key(self, channels: int) -> tuple[Any, ...] | None:
         key: list[Any] = [channels, _torch.get_default_dtype() if self.to_tensor else None]
@@ -368,7 +411,7 @@ class Tail:
 
 
 def _find_tail(items: list[Any], i: int) -> Tail | None:
-    if _is_stock(items[i], "ToTensor"):
+    if _is_stock(items[i], "ToTensor") or _is_stock(items[i], "MaybeToTensor"):
         n = 2 if i + 1 < len(items) and _is_stock(items[i + 1], "Normalize") else 1
         return Tail(items[i:i + n])
     if _is_stock(items[i], "PILToTensor"):
@@ -392,6 +435,7 @@ class Plan:
         self.runners: list[Callable[[Any, Pixels], Any] | None] = []
         self.tails: dict[int, Tail] = {}
         for i, t in enumerate(items):
+            _record_other(type(t))
             name = type(t).__name__
             self.runners.append(_RUNNERS[name] if name in _RUNNERS and _is_stock(t, name) else None)
             if i not in self.tails and not any(i in range(j, j + len(tail)) for j, tail in self.tails.items()):
@@ -427,15 +471,17 @@ def plan_for(compose: Any) -> Plan:
 
 
 def _tensor_from(px: Pixels, tail: Tail, uint8: bool) -> Any:
-    """The tail's tensor, or None where stock must run it."""
+    """The tail's tensor, in stock's layout, or None where stock must run it."""
     a = px.array()
-    channels = 1 if a.ndim == 2 else 3
-    if uint8 or (len(tail) == 1 and not tail.to_tensor):
-        return K.pil_to_tensor(a)
-    table = tail.table(channels)
+    if uint8 or len(tail) == 1 and not tail.to_tensor:
+        # PILToTensor (or the uint8 stand-in for ToTensor): a C x H x W view of H x W x C pixels
+        return K.pil_to_tensor(a, owned=px.owned)
+    table = tail.table(1 if a.ndim == 2 else 3)
     if table is None:
         return None
-    return K.image_through_tables(a, table)
+    if tail.to_tensor:
+        return K.image_through_tables(a, table)  # ToTensor makes C x H x W contiguous
+    return K.pixels_through_tables(a, table)  # after PILToTensor stock keeps the channels-last strides
 
 
 def run(compose: Any, img: Image.Image, *, skip: int = 0, uint8_tail: bool = False) -> Any:

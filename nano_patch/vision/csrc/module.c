@@ -86,10 +86,10 @@ fail:
 
 static PyObject *py_resample(PyObject *self, PyObject *args) {
     PyObject *src_obj, *dst_obj;
-    int filter, flip, order_rule;
+    int filter, flip, order_rule, full_w, full_h, x0, y0;
     float box[4];
-    if (!PyArg_ParseTuple(args, "OOi(ffff)pi:resample", &src_obj, &dst_obj, &filter, &box[0], &box[1], &box[2],
-                          &box[3], &flip, &order_rule))
+    if (!PyArg_ParseTuple(args, "OOi(ffff)pi(ii)(ii):resample", &src_obj, &dst_obj, &filter, &box[0], &box[1],
+                          &box[2], &box[3], &flip, &order_rule, &full_w, &full_h, &x0, &y0))
         return NULL;
     image_arg src, dst;
     if (get_image(src_obj, "src", 0, 0, &src) < 0)
@@ -105,15 +105,15 @@ static PyObject *py_resample(PyObject *self, PyObject *args) {
     } else {
         int isa = current_isa;
         Py_BEGIN_ALLOW_THREADS
-        rc = nano_resample(&src.v, (uint8_t *)dst.v.data, dst.v.stride, dst.v.width, dst.v.height, filter, box, flip,
-                           order_rule, isa);
+        rc = nano_resample(&src.v, (uint8_t *)dst.v.data, dst.v.stride, full_w, full_h, x0, y0, dst.v.width,
+                           dst.v.height, filter, box, flip, order_rule, isa);
         Py_END_ALLOW_THREADS
         if (rc == -1)
             PyErr_NoMemory();
         else if (rc == -2)
             PyErr_Format(PyExc_ValueError, "unsupported resampling filter %d", filter);
         else if (rc)
-            PyErr_SetString(PyExc_ValueError, "bad resample sizes or box");
+            PyErr_SetString(PyExc_ValueError, "bad resample sizes, window or box");
     }
     release(&src);
     release(&dst);
@@ -303,26 +303,40 @@ static PyObject *py_planes_lut(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *py_planes_u8(PyObject *self, PyObject *args) {
-    PyObject *s, *d;
-    if (!PyArg_ParseTuple(args, "OO:planes_u8", &s, &d))
+/* pixels_lut(src, tables, dst): tables C x 256 float32/float64, dst H x W x C of the same type. */
+static PyObject *py_pixels_lut(PyObject *self, PyObject *args) {
+    PyObject *s, *t, *d;
+    if (!PyArg_ParseTuple(args, "OOO:pixels_lut", &s, &t, &d))
         return NULL;
     image_arg src;
-    Py_buffer db;
+    Py_buffer tb, db;
     if (get_image(s, "src", 0, 0, &src) < 0)
         return NULL;
-    if (PyObject_GetBuffer(d, &db, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+    if (PyObject_GetBuffer(t, &tb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
         release(&src);
         return NULL;
     }
-    int ok = db.len == (Py_ssize_t)src.v.width * src.v.height * src.v.channels;
+    if (PyObject_GetBuffer(d, &db, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&tb);
+        release(&src);
+        return NULL;
+    }
+    int ok = tb.ndim == 2 && tb.shape[0] == src.v.channels && tb.shape[1] == 256 &&
+             db.len == (Py_ssize_t)src.v.width * src.v.height * src.v.channels * tb.itemsize &&
+             tb.itemsize == db.itemsize && tb.format && db.format && strcmp(tb.format, db.format) == 0 &&
+             (strcmp(tb.format, "f") == 0 || strcmp(tb.format, "d") == 0);
     if (!ok) {
-        PyErr_SetString(PyExc_ValueError, "planes_u8: dst must hold C x H x W bytes");
+        PyErr_SetString(PyExc_ValueError, "pixels_lut: tables must be C x 256 and dst H x W x C, of one float type");
     } else {
+        int is_f32 = strcmp(tb.format, "f") == 0;
         Py_BEGIN_ALLOW_THREADS
-        nano_planes_u8(&src.v, (uint8_t *)db.buf);
+        if (is_f32)
+            nano_pixels_lut_f32(&src.v, (const float *)tb.buf, (float *)db.buf);
+        else
+            nano_pixels_lut_f64(&src.v, (const double *)tb.buf, (double *)db.buf);
         Py_END_ALLOW_THREADS
     }
+    PyBuffer_Release(&tb);
     PyBuffer_Release(&db);
     release(&src);
     if (!ok)
@@ -350,7 +364,8 @@ static PyObject *py_set_isa(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"resample", py_resample, METH_VARARGS,
-     "resample(src, dst, filter, box, flip, order_rule): PIL's convolution resize of src[box] into dst."},
+     "resample(src, dst, filter, box, flip, order_rule, (full_w, full_h), (x0, y0)): the window of dst's size "
+     "at (x0, y0) of PIL's convolution resize of src[box] to full_w x full_h."},
     {"rgb_to_l", py_rgb_to_l, METH_VARARGS, "rgb_to_l(src, dst): PIL's convert('L')."},
     {"gray_sum", py_gray_sum, METH_VARARGS, "gray_sum(src) -> int: the sum of PIL's L values."},
     {"blend_gray", py_blend_gray, METH_VARARGS, "blend_gray(src, dst, alpha): ImageEnhance.Color(src).enhance(alpha)."},
@@ -359,7 +374,7 @@ static PyMethodDef methods[] = {
     {"lut", py_lut, METH_VARARGS, "lut(src, dst, tables): one 256-byte table per channel."},
     {"hue_shift", py_hue_shift, METH_VARARGS, "hue_shift(src, dst, shift): PIL's HSV round trip with H + shift."},
     {"planes_lut", py_planes_lut, METH_VARARGS, "planes_lut(src, tables, dst): H x W x C uint8 -> C x H x W floats."},
-    {"planes_u8", py_planes_u8, METH_VARARGS, "planes_u8(src, dst): H x W x C -> C x H x W uint8."},
+    {"pixels_lut", py_pixels_lut, METH_VARARGS, "pixels_lut(src, tables, dst): H x W x C uint8 -> floats."},
     {"isa", py_isa, METH_NOARGS, "The instruction set the kernels use now."},
     {"best_isa", py_best_isa, METH_NOARGS, "The widest instruction set this CPU and build support."},
     {"set_isa", py_set_isa, METH_VARARGS, "set_isa(name): use 'generic', 'avx2', ... (at most best_isa())."},

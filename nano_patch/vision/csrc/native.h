@@ -42,10 +42,12 @@ enum { NANO_LANCZOS = 1, NANO_BILINEAR = 2, NANO_BICUBIC = 3, NANO_BOX = 4, NANO
  * height shrinks by more than twice as many pixels as the width (Pillow 13). */
 enum { NANO_ORDER_HORIZONTAL_FIRST = 0, NANO_ORDER_PILLOW13 = 1 };
 
-/* Returns 0, -1 out of memory, -2 unknown filter, -3 bad sizes or box. ``dst`` is out_h rows of
- * out_w * channels bytes, ``dst_stride`` apart. ``flip`` mirrors the output left to right. */
-int nano_resample(const nano_view *src, uint8_t *dst, ptrdiff_t dst_stride, int out_w, int out_h,
-                  int filter, const float box[4], int flip, int order_rule, int isa);
+/* PIL's resize of src[box] to full_w x full_h, of which only the window of out_w x out_h at
+ * (x0, y0) is computed, into dst (out_h rows of out_w * channels bytes, dst_stride apart).
+ * ``flip`` mirrors the window left to right. Returns 0, -1 out of memory, -2 unknown filter,
+ * -3 bad sizes, window or box. */
+int nano_resample(const nano_view *src, uint8_t *dst, ptrdiff_t dst_stride, int full_w, int full_h, int x0, int y0,
+                  int out_w, int out_h, int filter, const float box[4], int flip, int order_rule, int isa);
 
 /* --- color.c: PIL's RGB -> L (Convert.c) and Image.blend (Blend.c) as ImageEnhance uses it --- */
 
@@ -65,10 +67,11 @@ void nano_lut(const nano_view *src, uint8_t *dst, const uint8_t *tables, int isa
 void nano_hue_init(void);
 void nano_hue_shift(const nano_view *srcv, uint8_t *dst, int shift);
 
-/* --- tensor.c: H x W x C uint8 -> C x H x W through one table per channel --- */
+/* --- tensor.c: H x W x C uint8 through one table per channel, to C x H x W or H x W x C --- */
 
 void nano_planes_lut_f32(const nano_view *src, const float *tables, float *dst, int out_channels);
 void nano_planes_lut_f64(const nano_view *src, const double *tables, double *dst, int out_channels);
-void nano_planes_u8(const nano_view *src, uint8_t *dst);
+void nano_pixels_lut_f32(const nano_view *src, const float *tables, float *dst);
+void nano_pixels_lut_f64(const nano_view *src, const double *tables, double *dst);
 
 #endif

@@ -684,85 +684,96 @@ static void flip_rows(uint8_t *dst, ptrdiff_t dstride, int w, int h, int channel
     }
 }
 
-int nano_resample(const nano_view *src, uint8_t *dst, ptrdiff_t dst_stride, int out_w, int out_h, int filter,
-                  const float box[4], int flip, int order_rule, int isa) {
+/* The weights of outputs [first, first + count) of a pass, sharing the full table's memory. */
+static coeffs coeffs_window(const coeffs *c, int first, int count) {
+    coeffs w = {count, c->ksize, c->bounds + 2 * (size_t)first, c->kk + (size_t)first * c->ksize};
+    return w;
+}
+
+int nano_resample(const nano_view *src, uint8_t *dst, ptrdiff_t dst_stride, int full_w, int full_h, int x0, int y0,
+                  int out_w, int out_h, int filter, const float box[4], int flip, int order_rule, int isa) {
     filter_def f;
     int in_w = src->width, in_h = src->height, ch = src->channels;
     if (find_filter(filter, &f))
         return -2;
-    if (in_w <= 0 || in_h <= 0 || out_w <= 0 || out_h <= 0 || (ch != 1 && ch != 3))
+    if (in_w <= 0 || in_h <= 0 || full_w <= 0 || full_h <= 0 || out_w <= 0 || out_h <= 0 || x0 < 0 || y0 < 0 ||
+        x0 + out_w > full_w || y0 + out_h > full_h || (ch != 1 && ch != 3))
         return -3;
     /* PIL's own checks on the box (_imaging.c), and no NaN */
     if (!(box[0] >= 0 && box[1] >= 0 && box[2] <= in_w && box[3] <= in_h && box[2] - box[0] > 0 &&
           box[3] - box[1] > 0))
         return -3;
 
-    int need_h = out_w != in_w || box[0] || box[2] != out_w;
-    int need_v = out_h != in_h || box[1] || box[3] != out_h;
+    /* PIL's decisions, on the full output size */
+    int need_h = full_w != in_w || box[0] || box[2] != full_w;
+    int need_v = full_h != in_h || box[1] || box[3] != full_h;
     int h_first = order_rule == NANO_ORDER_HORIZONTAL_FIRST ||
-                  !((in_h - out_h) > 0 && (in_h - out_h) > (in_w - out_w) * 2);
-    coeffs cv = {0}, chz = {0};
+                  !((in_h - full_h) > 0 && (in_h - full_h) > (in_w - full_w) * 2);
+    coeffs cv = {0}, chz = {0}, vw = {0}, hw = {0};
     uint8_t *tmp = NULL;
-    int rc = 0, ybox_first = 0, ybox_last = in_h;
+    int rc = 0;
 
-    if ((need_h && h_first) || need_v) {
-        if (coeffs_compute(in_h, box[1], box[3], out_h, &f, &cv))
+    if (need_v || (need_h && h_first)) {
+        if (coeffs_compute(in_h, box[1], box[3], full_h, &f, &cv))
             return -1;
+        vw = coeffs_window(&cv, y0, out_h);
     }
     if (need_h) {
-        if (h_first) {
-            ybox_first = cv.bounds[0];
-            ybox_last = cv.bounds[out_h * 2 - 2] + cv.bounds[out_h * 2 - 1];
-            for (int i = 0; i < out_h; i++)
-                cv.bounds[i * 2] -= ybox_first;
-        }
-        if (coeffs_compute(in_w, box[0], box[2], out_w, &f, &chz)) {
+        if (coeffs_compute(in_w, box[0], box[2], full_w, &f, &chz)) {
             rc = -1;
             goto end;
         }
+        hw = coeffs_window(&chz, x0, out_w);
     }
 
-    if (h_first) {
-        if (need_h && need_v) {
-            int rows = ybox_last - ybox_first;
-            ptrdiff_t tstride = (ptrdiff_t)out_w * ch;
-            tmp = malloc((size_t)tstride * rows + 64);
-            if (!tmp) {
-                rc = -1;
-                goto end;
-            }
-            rc = hpass(src->data + (ptrdiff_t)ybox_first * src->stride, src->stride, rows, in_w, ch, tmp, tstride,
-                       &chz, flip, isa);
-            if (!rc)
-                rc = vpass(tmp, tstride, out_w * ch, dst, dst_stride, &cv, isa);
-        } else if (need_h) {
-            rc = hpass(src->data + (ptrdiff_t)ybox_first * src->stride, src->stride, out_h, in_w, ch, dst,
-                       dst_stride, &chz, flip, isa);
-        } else {
-            if (need_v)
-                rc = vpass(src->data, src->stride, in_w * ch, dst, dst_stride, &cv, isa);
-            else
-                for (int y = 0; y < out_h; y++)
-                    memcpy(dst + (ptrdiff_t)y * dst_stride, src->data + (ptrdiff_t)y * src->stride, (size_t)in_w * ch);
-            if (!rc && flip)
-                flip_rows(dst, dst_stride, out_w, out_h, ch);
+    /* Only the output window is computed, from only the input it reads: each output pixel (and each
+     * pixel of the intermediate image) is the same sum whatever else is computed. */
+    if (need_h && need_v && h_first) {
+        int first = vw.bounds[0], last = vw.bounds[out_h * 2 - 2] + vw.bounds[out_h * 2 - 1];
+        for (int i = 0; i < out_h; i++)
+            vw.bounds[i * 2] -= first;
+        ptrdiff_t tstride = (ptrdiff_t)out_w * ch;
+        tmp = malloc((size_t)tstride * (last - first) + 64);
+        if (!tmp) {
+            rc = -1;
+            goto end;
         }
+        rc = hpass(src->data + (ptrdiff_t)first * src->stride, src->stride, last - first, in_w, ch, tmp, tstride, &hw,
+                   flip, isa);
+        if (!rc)
+            rc = vpass(tmp, tstride, out_w * ch, dst, dst_stride, &vw, isa);
+    } else if (need_h && need_v) { /* vertical first, over the input columns the window reads */
+        int first = in_w, last = 0;
+        for (int i = 0; i < out_w; i++) {
+            int lo = hw.bounds[i * 2], hi = lo + hw.bounds[i * 2 + 1];
+            first = lo < first ? lo : first;
+            last = hi > last ? hi : last;
+        }
+        if (last <= first)
+            first = 0, last = 1;
+        for (int i = 0; i < out_w; i++)
+            hw.bounds[i * 2] -= first;
+        ptrdiff_t tstride = (ptrdiff_t)(last - first) * ch;
+        tmp = malloc((size_t)tstride * out_h + 64);
+        if (!tmp) {
+            rc = -1;
+            goto end;
+        }
+        rc = vpass(src->data + (ptrdiff_t)first * ch, src->stride, (last - first) * ch, tmp, tstride, &vw, isa);
+        if (!rc)
+            rc = hpass(tmp, tstride, out_h, last - first, ch, dst, dst_stride, &hw, flip, isa);
+    } else if (need_h) { /* the rows are the input's */
+        rc = hpass(src->data + (ptrdiff_t)y0 * src->stride, src->stride, out_h, in_w, ch, dst, dst_stride, &hw, flip,
+                   isa);
     } else {
-        if (need_h) {
-            ptrdiff_t tstride = (ptrdiff_t)in_w * ch;
-            tmp = malloc((size_t)tstride * out_h + 64);
-            if (!tmp) {
-                rc = -1;
-                goto end;
-            }
-            rc = vpass(src->data, src->stride, in_w * ch, tmp, tstride, &cv, isa);
-            if (!rc)
-                rc = hpass(tmp, tstride, out_h, in_w, ch, dst, dst_stride, &chz, flip, isa);
-        } else {
-            rc = vpass(src->data, src->stride, in_w * ch, dst, dst_stride, &cv, isa);
-            if (!rc && flip)
-                flip_rows(dst, dst_stride, out_w, out_h, ch);
-        }
+        const uint8_t *at = src->data + (ptrdiff_t)x0 * ch; /* the columns are the input's */
+        if (need_v)
+            rc = vpass(at, src->stride, out_w * ch, dst, dst_stride, &vw, isa);
+        else
+            for (int y = 0; y < out_h; y++)
+                memcpy(dst + (ptrdiff_t)y * dst_stride, at + (ptrdiff_t)(y0 + y) * src->stride, (size_t)out_w * ch);
+        if (!rc && flip)
+            flip_rows(dst, dst_stride, out_w, out_h, ch);
     }
 
 end:

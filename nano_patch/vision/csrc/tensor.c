@@ -1,4 +1,5 @@
-/* From an H x W x C uint8 image to a C x H x W tensor in one pass.
+/* From an H x W x C uint8 image to a float tensor in one pass: C x H x W (what ToTensor gives) or
+ * H x W x C (what PILToTensor + ConvertImageDtype give, a channels-last view).
  *
  * ToTensor (+ Normalize), PILToTensor + ConvertImageDtype (+ Normalize) and v2's ToImage + ToDtype
  * (+ Normalize) are elementwise and per channel, and a uint8 pixel has 256 values: the Python side
@@ -38,15 +39,25 @@
 PLANES_LUT(nano_planes_lut_f32, float)
 PLANES_LUT(nano_planes_lut_f64, double)
 
-void nano_planes_u8(const nano_view *src, uint8_t *dst) {
-    int w = src->width, h = src->height, ch = src->channels;
-    size_t plane = (size_t)w * h;
-    for (int y = 0; y < h; y++) {
-        const uint8_t *row = src->data + (ptrdiff_t)y * src->stride;
-        for (int c = 0; c < ch; c++) {
-            uint8_t *o = dst + c * plane + (size_t)y * w;
-            for (int x = 0; x < w; x++)
-                o[x] = row[(size_t)x * ch + c];
-        }
+#define PIXELS_LUT(NAME, T)                                                                         \
+    void NAME(const nano_view *src, const T *tables, T *dst) {                                      \
+        int w = src->width, ch = src->channels;                                                     \
+        for (int y = 0; y < src->height; y++) {                                                     \
+            const uint8_t *row = src->data + (ptrdiff_t)y * src->stride;                            \
+            T *o = dst + (size_t)y * w * ch;                                                        \
+            if (ch == 3) {                                                                          \
+                const T *t0 = tables, *t1 = tables + 256, *t2 = tables + 512;                       \
+                for (int x = 0; x < w * 3; x += 3) {                                                \
+                    o[x] = t0[row[x]];                                                              \
+                    o[x + 1] = t1[row[x + 1]];                                                      \
+                    o[x + 2] = t2[row[x + 2]];                                                      \
+                }                                                                                   \
+            } else {                                                                                \
+                for (int x = 0; x < w; x++)                                                         \
+                    o[x] = tables[row[x]];                                                          \
+            }                                                                                       \
+        }                                                                                           \
     }
-}
+
+PIXELS_LUT(nano_pixels_lut_f32, float)
+PIXELS_LUT(nano_pixels_lut_f64, double)
