@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import numbers
 import random
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -77,8 +78,12 @@ class Pixels:
         """The image with everything applied."""
         if self.resize is not None:
             h, w, f = self.resize
+            stats = report.stats
+            start = time.perf_counter() if stats is not None else 0.0
             self.base = K.resize(self.base, [h, w], f, flip=self.flip, window=self.window)
             self.resize, self.window, self.flip, self.owned = None, None, False, True
+            if stats is not None:
+                stats.add_seconds("resize", time.perf_counter() - start)
         elif self.flip:
             self.base = K.hflip(self.base)
             self.flip, self.owned = False, True
@@ -508,6 +513,8 @@ def run(compose: Any, img: Image.Image, *, skip: int = 0, uint8_tail: bool = Fal
         if tail is not None and (not uint8_tail or i + len(tail) == n):
             out = _tensor_from(x, tail, uint8_tail)
             if out is not None:
+                if stats is not None:
+                    stats.count("vision_transforms", True, " + ".join(type(s).__name__ for s in tail.steps))
                 x = out
                 i += len(tail)
                 continue
@@ -524,6 +531,8 @@ def run(compose: Any, img: Image.Image, *, skip: int = 0, uint8_tail: bool = Fal
             else:
                 if isinstance(out, Pixels):
                     x = out
+                if stats is not None:
+                    stats.count("vision_transforms", True, type(t).__name__)
                 i += 1
                 continue
         # a stock step: it gets the image as stock would give it, and the plan resumes after it
