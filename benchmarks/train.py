@@ -64,12 +64,13 @@ ENV_STUDY = {
     "+ tcmalloc (LD_PRELOAD)": {"LD_PRELOAD": TCMALLOC},
 }
 
+SIZE = 96  # set from --size
 COMPUTE_BOUND = r"""
 import sys, time, torch
 sys.path.insert(0, {examples!r})
 from pets_finetune import PetsClassifier, loaders
 torch.manual_seed(0)
-train_dl = loaders({data!r}, 128, 16, 0)[0]
+train_dl = loaders({data!r}, {size}, 16, 0)[0]
 batches = [(x.contiguous(memory_format=torch.channels_last), y) for x, y in list(train_dl)[:4]]  # real photos
 model = PetsClassifier(3).to(memory_format=torch.channels_last)
 opt = torch.optim.Adam(model.parameters(), 1e-3)
@@ -93,7 +94,8 @@ def run_config(name: str, data: Path, epochs: int) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NANO_PATCH_", "_NANO_PATCH", "OMP_", "KMP_"))
            and k not in ("LD_PRELOAD", "MALLOC_CONF")}
     env.update(env_extra)
-    cmd = [sys.executable, *prefix, str(ROOT / "examples" / "pets_finetune.py"), str(data), "--epochs", str(epochs)]
+    cmd = [sys.executable, *prefix, str(ROOT / "examples" / "pets_finetune.py"), str(data), "--epochs", str(epochs),
+           "--size", str(SIZE)]
     start = time.perf_counter()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = psutil.Popen(cmd, env=env, stdout=out, stderr=err, text=True)
@@ -120,7 +122,7 @@ def _tree_rss(proc: psutil.Process) -> int:
 
 
 def compute_bound(seconds: float, data: Path) -> float:
-    code = COMPUTE_BOUND.format(examples=str(ROOT / "examples"), data=str(data), seconds=seconds)
+    code = COMPUTE_BOUND.format(examples=str(ROOT / "examples"), data=str(data), seconds=seconds, size=SIZE)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return float(proc.stdout.strip().split(":")[1])
 
@@ -147,19 +149,22 @@ def chart(result: dict, path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--size", type=int, default=96, help="input size (the example's default is 96)")
     ap.add_argument("--per-class", type=int, default=64)
     ap.add_argument("--only", nargs="*", help="run only these configurations")
     ap.add_argument("--env-study", action="store_true", help="measure each `nano-patch init` setting instead")
     ap.add_argument("--repeat", type=int, default=1, help="runs per configuration; the median is reported")
     ap.add_argument("--stem", default=None, help="results file name (default: train, or env with --env-study)")
     args = ap.parse_args()
+    global SIZE
+    SIZE = args.size
     sys.path.insert(0, str(ROOT / "examples"))
     from make_photo_folder import build
 
     with tempfile.TemporaryDirectory() as tmp:
         data = build(Path(tmp) / "photos", args.per_class)
         result = {"machine": f"{_cpu_name()}, {os.cpu_count()} CPUs", "python": platform.python_version(),
-                  "epochs": args.epochs, "per_class": args.per_class, "configs": {}}
+                  "epochs": args.epochs, "size": args.size, "per_class": args.per_class, "configs": {}}
         names = args.only or (ENV_STUDY if args.env_study else CONFIGS)
         runs: dict[str, list[dict]] = {n: [] for n in names}
         bounds = []

@@ -1,13 +1,13 @@
-"""Where the time goes: each step of the vision pipelines, stock against patched, on one core.
+"""Where the time goes, per image, on one core: stock's steps against the patched plan's parts.
 
-The same photos and pipelines as ``benchmarks/vision.py``. Every image is decoded and then passed
-through the pipeline one step at a time, each step timed on its own; the patched column runs the
-steps the way the patched ``Compose`` does (the image carried as a ``FastImage``, ToTensor +
-Normalize fused into one step, v2's tensor tail fused into one step). Medians per step in ms, over
-``--passes`` passes of all photos. Results go to ``benchmarks/results/vision_steps[-simd].json``.
+Stock: the PIL decode, then each transform of the Compose, each timed on its own. Patched: the
+libjpeg-turbo decode, each native kernel the plan calls (timed by wrapping the kernel functions),
+the stock random draws (each planned transform's ``get_params`` and ``torch.rand``, timed by
+calling them the same number of times on their own), and the rest: the plan's own Python work.
+Photos and pipelines as ``benchmarks/vision.py``; medians over ``--passes`` passes, in ms per
+image. Results: ``benchmarks/results/vision_steps.json``.
 
-    python benchmarks/vision_steps.py                     # this interpreter's PIL
-    /path/to/pillow-simd/python benchmarks/vision_steps.py
+    python benchmarks/vision_steps.py [--pipelines pets b c a]
 """
 
 from __future__ import annotations
@@ -16,113 +16,134 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import vision as bench
 
 RESULTS = Path(__file__).parent / "results"
+KERNELS = ("resample", "saturation", "blend_const", "contrast_mean", "rgb_to_l", "hue_shift", "planes_lut",
+           "pixels_lut", "lut")
 
 
-def _step_name(t) -> str:
-    return type(t).__name__
-
-
-def stock_steps(pipe, path: str, acc: dict[str, list[float]]) -> None:
+def stock_pass(pipe, files: list[str], acc: dict[str, float]) -> None:
     from torchvision.datasets.folder import default_loader
 
-    start = time.perf_counter()
-    x = default_loader(path)
-    acc.setdefault("decode (PIL)", []).append(time.perf_counter() - start)
-    for i, t in enumerate(pipe.transforms):
+    for path in files:
         start = time.perf_counter()
-        x = t(x)
-        acc.setdefault(f"{i}: {_step_name(t)}", []).append(time.perf_counter() - start)
+        x = default_loader(path)
+        acc["decode (PIL)"] += time.perf_counter() - start
+        for i, t in enumerate(pipe.transforms):
+            start = time.perf_counter()
+            x = t(x)
+            acc[f"{i}: {type(t).__name__}"] += time.perf_counter() - start
 
 
-def patched_steps(pipe, path: str, acc: dict[str, list[float]]) -> None:
+def draws_pass(pipe, files: list[str]) -> float:
+    """Seconds the stock random draws of the planned transforms take, called on their own."""
+    import torch
     import torchvision.transforms as T
+    from PIL import Image
 
+    proxy = Image.new("RGB", (400, 300))
+    start = time.perf_counter()
+    for _ in files:
+        for t in pipe.transforms:
+            if type(t) is T.RandomResizedCrop:
+                t.get_params(proxy, t.scale, t.ratio)
+            elif type(t) is T.RandomCrop:
+                t.get_params(Image.new("RGB", (300, 300)), t.size)
+            elif type(t) in (T.RandomHorizontalFlip, T.RandomVerticalFlip, T.RandomGrayscale):
+                torch.rand(1) < t.p  # noqa: B015 - the draw is the point
+            elif type(t) is T.ColorJitter:
+                t.get_params(t.brightness, t.contrast, t.saturation, t.hue)
+    return time.perf_counter() - start
+
+
+def patched_pass(pipe, files: list[str], acc: dict[str, float]) -> None:
     from nano_patch.vision import decode
-    from nano_patch.vision import functional as K
     from nano_patch.vision.image import FastImage
 
-    start = time.perf_counter()
-    x = FastImage.wrap(decode.decode_rgb(path))
-    acc.setdefault("decode (libjpeg-turbo)", []).append(time.perf_counter() - start)
-    items = list(pipe.transforms)
-    v2_tail = _v2_tail(pipe)
-    i = 0
-    while i < len(items):
-        t = items[i]
+    total = 0.0
+    for path in files:
         start = time.perf_counter()
-        if type(t) is T.ToTensor and i + 1 < len(items) and type(items[i + 1]) is T.Normalize:
-            x = K.to_tensor_normalized(K.from_pil(x), items[i + 1].mean, items[i + 1].std)
-            name, step = f"{i}: ToTensor + Normalize (fused)", 2
-        else:
-            fused = v2_tail.run(items[i:], x) if v2_tail is not None else None
-            if fused is not None:
-                name = f"{i}: " + " + ".join(_step_name(s) for s in items[i:]) + " (fused)"
-                x, step = fused, len(items) - i
-            else:
-                x, name, step = t(x), f"{i}: {_step_name(t)}", 1
-        acc.setdefault(name, []).append(time.perf_counter() - start)
-        i += step
-
-
-def _v2_tail(pipe):
-    if not type(pipe).__module__.startswith("torchvision.transforms.v2"):
-        return None
-    import torchvision.transforms.v2 as v2
-
-    from nano_patch.patches.vision_transforms_v2 import _TensorTail
-
-    return _TensorTail(v2)
+        arr = decode.decode_rgb(path)
+        mid = time.perf_counter()
+        pipe(FastImage.wrap(arr))
+        end = time.perf_counter()
+        acc["decode (libjpeg-turbo)"] += mid - start
+        total += end - mid
+    acc["_transforms"] += total
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--passes", type=int, default=20)
-    ap.add_argument("--pipelines", nargs="*", default=["a", "b", "c", "d", "v2 b"])
+    ap.add_argument("--passes", type=int, default=15)
+    ap.add_argument("--pipelines", nargs="*", default=["pets", "b", "c", "a"])
     args = ap.parse_args()
-    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[-1]})
     import cv2
     import torch
 
     torch.set_num_threads(1)
     cv2.setNumThreads(1)
     import nano_patch
-    from nano_patch import sysinfo
+    from nano_patch.vision import native
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from make_photo_folder import build
+
+    spent: dict[str, float] = defaultdict(float)
+    for name in KERNELS:  # every kernel call, timed (the wrapper costs well under a microsecond)
+        original = getattr(native, name)
+
+        def timed(*a, _f=original, _n=name, **k):
+            start = time.perf_counter()
+            try:
+                return _f(*a, **k)
+            finally:
+                spent[_n] += time.perf_counter() - start
+
+        setattr(native, name, timed)
+
+    out: dict = {"machine": bench.machine(), "passes": args.passes, "pipelines": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        files = bench.make_photos(Path(tmp))["pet"]
-        pipes = bench.torchvision_pipelines()
-        out: dict = {"machine": f"{bench._cpu_name()}, {os.cpu_count()} CPUs",
-                     "pil": "{} {}".format(*sysinfo.pillow_distribution()), "passes": args.passes, "pipelines": {}}
+        build(Path(tmp), per_class=40)
+        from torchvision.datasets import ImageFolder
+
+        files = [p for p, _ in ImageFolder(str(Path(tmp) / "train")).samples]
         for name in args.pipelines:
-            pipe = pipes[name]
             columns = {}
-            for column, run in (("stock", stock_steps), ("patched", patched_steps)):
+            for column in ("stock", "patched"):
+                pipe = bench.torchvision_pipeline(name)
                 if column == "patched":
                     nano_patch.patch_torch()
-                acc: dict[str, list[float]] = {}
-                for f in files[:4]:
-                    run(pipe, f, {})  # warm up
-                for _ in range(args.passes):
-                    torch.manual_seed(0)
-                    for f in files:
-                        run(pipe, f, acc)
-                columns[column] = {k: 1e3 * statistics.median(v) for k, v in acc.items()}
+                per_pass: list[dict[str, float]] = []
+                for p in range(args.passes + 1):
+                    torch.manual_seed(p)
+                    acc: dict[str, float] = defaultdict(float)
+                    spent.clear()
+                    (patched_pass if column == "patched" else stock_pass)(pipe, files, acc)
+                    if column == "patched":
+                        kernels = dict(spent)
+                        draws = draws_pass(pipe, files)
+                        acc.update({f"kernel {k}": v for k, v in kernels.items()})
+                        acc["stock random draws"] = draws
+                        acc["plan (Python)"] = acc.pop("_transforms") - sum(kernels.values()) - draws
+                    if p:  # the first pass warms up
+                        per_pass.append({k: 1e3 * v / len(files) for k, v in acc.items()})
                 nano_patch.unpatch_torch()
+                columns[column] = {k: statistics.median(r.get(k, 0.0) for r in per_pass) for k in per_pass[0]}
             out["pipelines"][name] = columns
             print(f"({name})")
             for column, steps in columns.items():
                 total = sum(steps.values())
                 print(f"  {column:8s} total {total:.3f} ms: " + ", ".join(f"{k} {v:.3f}" for k, v in steps.items()))
-    simd = "simd" in out["pil"]
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"vision_steps{'-simd' if simd else ''}.json").write_text(json.dumps(out, indent=2))
+    (RESULTS / "vision_steps.json").write_text(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":

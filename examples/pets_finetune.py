@@ -70,11 +70,13 @@ class PetsClassifier(pl.LightningModule):
         self.log("val_acc", (self(x).argmax(1) == y).float().mean(), sync_dist=True)
 
     def configure_optimizers(self):
-        return torch.optim.Adam(self.parameters(), lr=self.lr)
+        # Cosine decay to zero over the run: the last epochs settle, so the final accuracy is stable.
+        optimizer = torch.optim.Adam(self.parameters(), lr=self.lr)
+        return [optimizer], [torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=self.trainer.max_epochs)]
 
 
 def loaders(root: str, size: int, batch: int, workers: int | None):
-    train_tf = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ColorJitter(0.2, 0.2, 0.2),
+    train_tf = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ColorJitter(0.3, 0.3, 0.3),
                           T.ToTensor(), T.Normalize(MEAN, STD)])
     val_tf = T.Compose([T.Resize(int(size * 1.14)), T.CenterCrop(size), T.ToTensor(), T.Normalize(MEAN, STD)])
     train = ImageFolder(f"{root}/train", transform=train_tf)
@@ -102,8 +104,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("root", nargs="?", help="ImageFolder root with train/ and val/; default: real photos, built "
                                             "in the cache folder on first use")
-    ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--size", type=int, default=128)
+    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--size", type=int, default=96)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--pretrained", action="store_true")

@@ -38,9 +38,14 @@ ISA_ENV = "NANO_PATCH_NATIVE_ISA"
 
 #: PIL's resampling filter numbers (Image.Resampling) that the resample kernel reproduces.
 FILTERS = {1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
-#: Pass orders (native.h): Pillow up to 12 always runs the horizontal pass first; Pillow 13 runs the
-#: vertical one first when the height shrinks much more than the width.
-ORDER_RULES = (1, 0)
+#: Resize arithmetic (native.h), tried in this order against the installed PIL: (pass order, weights).
+#: Pillow 13 runs the vertical pass first when the height shrinks much more than the width; Pillow up
+#: to 12, and pillow-simd, always run the horizontal pass first. pillow-simd rounds its weights to
+#: 16 bits (weights 1) where Pillow keeps 22 (weights 0).
+RESAMPLE_VARIANTS = ((1, 0), (0, 0), (0, 1), (1, 1))
+#: Grey formulas (native.h): Pillow's, then pillow-simd's.
+GREY_MODES = (0, 1)
+VARIANT_NAMES = {0: "Pillow's arithmetic", 1: "pillow-simd's arithmetic"}
 
 
 class NativeUnavailable(RuntimeError):
@@ -51,7 +56,10 @@ _lock = threading.RLock()
 _module: ModuleType | None = None
 _module_error: str | None = None
 _verdicts: dict[str, str] = {}  # kernel -> "" (checked, exact) or why it is not used
-_order_rule = 1
+_arithmetic: dict[str, int] = {}  # kernel -> which PIL's arithmetic it matched (VARIANT_NAMES)
+_resample_variant = (1, 0)
+_grey_mode = 0
+_saturation_mode = 0
 
 
 def _import() -> ModuleType:
@@ -116,7 +124,8 @@ def state() -> dict[str, str]:
     for name in KERNELS:
         verdict = _verdicts.get(name)
         if verdict == "":
-            out[name] = f"native ({_module.isa() if _module is not None else '?'})"
+            which = f", {VARIANT_NAMES[_arithmetic[name]]}" if _arithmetic.get(name) else ""
+            out[name] = f"native ({_module.isa() if _module is not None else '?'}{which})"
         elif verdict is not None:
             out[name] = f"PIL's code: {verdict}"
         elif _module_error is not None:
@@ -139,6 +148,7 @@ def reset() -> None:
     with _lock:
         _module, _module_error = None, None
         _verdicts.clear()
+        _arithmetic.clear()
 
 
 # --- the kernels ------------------------------------------------------------------------------
@@ -177,7 +187,7 @@ def resample(a: np.ndarray, size: tuple[int, int], resample_filter: int,
     box = (0.0, 0.0, float(a.shape[1]), float(a.shape[0])) if box is None else tuple(float(b) for b in box)
     top, left, wh, ww = (0, 0, h, w) if window is None else (int(v) for v in window)
     out = np.empty((wh, ww) + a.shape[2:], np.uint8)
-    mod.resample(a, out, int(resample_filter), box, bool(flip), _order_rule, (w, h), (left, top))
+    mod.resample(a, out, int(resample_filter), box, bool(flip), _resample_variant, (w, h), (left, top))
     return out
 
 
@@ -188,7 +198,7 @@ def rgb_to_l(a: np.ndarray) -> np.ndarray:
     if a.ndim != 3:
         raise ValueError("rgb_to_l takes an H x W x 3 array")
     out = np.empty(a.shape[:2], np.uint8)
-    mod.rgb_to_l(a, out)
+    mod.rgb_to_l(a, out, _grey_mode)
     return out
 
 
@@ -196,7 +206,7 @@ def contrast_mean(a: np.ndarray) -> int:
     """ImageEnhance.Contrast's grey level: the mean of ``convert("L")``, rounded as ImageStat and int() do."""
     mod = kernel("grayscale")
     a = _image(a)
-    total = mod.gray_sum(a)
+    total = mod.gray_sum(a, _grey_mode)
     return int(total / (a.shape[0] * a.shape[1]) + 0.5)
 
 
@@ -207,7 +217,7 @@ def saturation(a: np.ndarray, factor: float) -> np.ndarray:
     if a.ndim != 3:
         raise ValueError("saturation takes an H x W x 3 array")
     out = np.empty_like(a, order="C")
-    mod.blend_gray(a, out, float(factor))
+    mod.blend_gray(a, out, float(factor), _saturation_mode)
     return out
 
 
@@ -317,8 +327,9 @@ RESAMPLE_PROBES: list[tuple[tuple[int, int], tuple[int, int], tuple[float, float
 
 
 def check_resample(mod: ModuleType) -> str | None:
-    """None if ``mod.resample`` equals the installed PIL on every probe (and pick the pass-order rule)."""
-    global _order_rule
+    """None if ``mod.resample`` equals the installed PIL on every probe, in one of
+    :data:`RESAMPLE_VARIANTS` (which is then used)."""
+    global _resample_variant
     from PIL import Image
 
     cases = []
@@ -333,57 +344,79 @@ def check_resample(mod: ModuleType) -> str | None:
             for f in FILTERS:
                 want = np.asarray(img.resize((dst[1], dst[0]), f, box=box))
                 cases.append((arr, dst, f, box or (0.0, 0.0, float(src[1]), float(src[0])), want))
-    for rule in ORDER_RULES:
-        ok = True
-        for arr, dst, f, box, want in cases:
-            for flip in (False, True):
-                out = np.empty(dst + arr.shape[2:], np.uint8)
-                mod.resample(arr, out, f, box, flip, rule, (dst[1], dst[0]), (0, 0))
-                if not np.array_equal(out, want[:, ::-1] if flip else want):
-                    ok = False
-                    break
-            if not ok:
-                break
-        if ok:
-            _order_rule = rule
+    for variant in RESAMPLE_VARIANTS:
+        if all(_resample_matches(mod, variant, *case) for case in cases):
+            _resample_variant = variant
+            _arithmetic["resample"] = variant[1]
             return None
-    from .. import sysinfo
+    return f"the compiled resize differs from {_pil_version()}'s, in Pillow's arithmetic and in pillow-simd's"
 
-    why = f"the compiled resize differs from {_pil_version()}'s"
-    if sysinfo.pillow_is_simd():
-        why += " (pillow-simd rounds its resize weights to 16 bits; its own fast resize runs instead)"
-    return why
+
+def _resample_matches(mod: ModuleType, variant: tuple[int, int], arr: np.ndarray, dst: tuple[int, int], f: int,
+                      box: tuple[float, ...], want: np.ndarray) -> bool:
+    for flip in (False, True):
+        out = np.empty(dst + arr.shape[2:], np.uint8)
+        mod.resample(arr, out, f, box, flip, variant, (dst[1], dst[0]), (0, 0))
+        if not np.array_equal(out, want[:, ::-1] if flip else want):
+            return False
+    # a window of the output: the same pixels as the crop of the whole
+    h, w = dst
+    out = np.empty((max(1, h // 2), max(1, w // 2)) + arr.shape[2:], np.uint8)
+    mod.resample(arr, out, f, box, False, variant, (w, h), (w // 3, h // 4))
+    return np.array_equal(out, want[h // 4:h // 4 + out.shape[0], w // 3:w // 3 + out.shape[1]])
 
 
 def check_grayscale(mod: ModuleType) -> str | None:
+    """None if RGB-to-L and the grey sum equal the installed PIL's in one of :data:`GREY_MODES`."""
+    global _grey_mode
     from PIL import Image
 
     probe = probe_colours()
-    want = np.asarray(Image.fromarray(probe).convert("L"))
-    got = np.empty(probe.shape[:2], np.uint8)
-    mod.rgb_to_l(probe, got)
-    if not np.array_equal(got, want):
-        return f"the compiled RGB-to-L conversion differs from {_pil_version()}'s"
-    for a in (probe, probe[3:40, 5:50], probe[:1, :1]):
-        if mod.gray_sum(a) != int(np.asarray(Image.fromarray(np.ascontiguousarray(a)).convert("L"), np.int64).sum()):
-            return "the compiled grey sum differs from PIL's"
-    return None
+    # widths of every remainder modulo 4: pillow-simd's formula depends on the pixel's place in the row
+    parts = [probe, probe[:, :63], probe[:, :62], probe[:, :61], probe[3:40, 5:50], probe[:1, :1]]
+    wants = [np.asarray(Image.fromarray(np.ascontiguousarray(a)).convert("L")) for a in parts]
+    for mode in GREY_MODES:
+        ok = True
+        for a, want in zip(parts, wants):
+            got = np.empty(a.shape[:2], np.uint8)
+            mod.rgb_to_l(a, got, mode)
+            if not np.array_equal(got, want) or mod.gray_sum(a, mode) != int(want.sum(dtype=np.int64)):
+                ok = False
+                break
+        if ok:
+            _grey_mode = mode
+            _arithmetic["grayscale"] = mode
+            return None
+    return f"the compiled RGB-to-L conversion differs from {_pil_version()}'s"
 
 
 SATURATION_PROBE_FACTORS = (0.0, 0.3, 0.5, 0.6, 1.0, 1.4, 2.0, -0.5, 7.5)
 
 
 def check_saturation(mod: ModuleType) -> str | None:
+    global _saturation_mode
     from PIL import Image, ImageEnhance
 
     probe = probe_colours()
-    for factor in SATURATION_PROBE_FACTORS:
-        want = np.asarray(ImageEnhance.Color(Image.fromarray(probe)).enhance(factor))
-        got = np.empty_like(probe)
-        mod.blend_gray(probe, got, factor)
-        if not np.array_equal(got, want):
-            return f"the compiled saturation blend differs from {_pil_version()}'s (factor {factor})"
-    return None
+    parts = [probe, probe[:, :61]]
+    for mode in GREY_MODES:
+        ok = True
+        for a in parts:
+            a = np.ascontiguousarray(a)
+            for factor in SATURATION_PROBE_FACTORS:
+                want = np.asarray(ImageEnhance.Color(Image.fromarray(a)).enhance(factor))
+                got = np.empty_like(a)
+                mod.blend_gray(a, got, factor, mode)
+                if not np.array_equal(got, want):
+                    ok = False
+                    break
+            if not ok:
+                break
+        if ok:
+            _saturation_mode = mode
+            _arithmetic["saturation"] = mode
+            return None
+    return f"the compiled saturation blend differs from {_pil_version()}'s"
 
 
 BLEND_PROBE = ((0, 0.0), (0, 0.3), (0, 0.6), (0, 1.0), (0, 1.4), (0, 2.7), (127, 0.6), (128, 1.3),

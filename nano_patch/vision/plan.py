@@ -12,7 +12,8 @@ Per image, what remains is what stock does that matters: each transform's own ra
 (``get_params``, ``torch.rand``), in stock's order, and one kernel call per operation. Geometry is
 deferred where that stays exact: a crop is a view; a resize waits so that a horizontal flip drawn
 after it is written into its output; a flip waits through colour operations (they act per pixel
-and on the grey mean, which a flip does not change). The tail ``ToTensor [+ Normalize]`` or
+and on the grey mean, which a flip does not change; not under pillow-simd, whose grey depends on
+where a pixel is in its row). The tail ``ToTensor [+ Normalize]`` or
 ``PILToTensor [+ ConvertImageDtype(float) [+ Normalize]]`` is one table lookup per channel, the
 tables being stock's own arithmetic run once on the 256 values.
 """
@@ -252,12 +253,16 @@ def _hue(a: np.ndarray, factor: float) -> np.ndarray:
 #: ColorJitter's operations by its fn_idx: (array kernel, stock functional name, result keeps info).
 _JITTER = ((K.adjust_brightness, "adjust_brightness", False), (K.adjust_contrast, "adjust_contrast", False),
            (K.adjust_saturation, "adjust_saturation", True), (_hue, "adjust_hue", False))
+#: pillow-simd's grey depends on a pixel's place in its row (its SIMD loop leaves the last width % 4
+#: pixels to Pillow's formula), so under it a flip must not wait through the grey-based operations.
+_GREY_BY_POSITION = False
 
 
 def _colour(px: Pixels, op: tuple[Callable[..., np.ndarray], str, bool], factor: float) -> Pixels:
     kernel, name, keeps_info = op
+    grey_based = name in ("adjust_contrast", "adjust_saturation")
     try:
-        out = kernel(px.unflipped(), factor)
+        out = kernel(px.array() if grey_based and _GREY_BY_POSITION else px.unflipped(), factor)
     except (TypeError, ValueError):
         # an argument the kernel leaves to stock: stock's function, on stock's image
         result = getattr(_F, name)(px.image(), factor)
@@ -292,7 +297,7 @@ def _run_color_jitter(t: Any, px: Pixels) -> Pixels:
 def _grey(px: Pixels, channels: Any) -> None:
     if channels not in (1, 3) or isinstance(channels, bool):
         raise UseStock
-    before = px.unflipped()
+    before = px.array() if _GREY_BY_POSITION else px.unflipped()
     px.base = K.to_grayscale(before, channels)
     if px.base is not before:
         px.owned = True
@@ -333,11 +338,14 @@ _CLASSES: dict[str, type] = {}
 
 def configure(transforms: Any) -> None:
     """Record torchvision's classes and their stock methods (called by the patch when it applies)."""
-    global _F, _torch
+    global _F, _torch, _GREY_BY_POSITION
     import torch
     from torchvision.transforms import functional
 
+    from .. import sysinfo
+
     _F, _torch = functional, torch
+    _GREY_BY_POSITION = sysinfo.pillow_is_simd()
     _STOCK_METHODS.clear()
     _CLASSES.clear()
     others = {name for _, name in _OTHERS}

@@ -1,7 +1,9 @@
 /* PIL's RGB -> L conversion (libImaging/Convert.c) and the Image.blend arithmetic (Blend.c) that
  * ImageEnhance uses for brightness, contrast and saturation, on packed 8-bit arrays, bit-exact.
  *
- * RGB -> L is integer arithmetic: L = (19595 R + 38470 G + 7471 B + 0x8000) >> 16.
+ * RGB -> L is integer arithmetic: L = (19595 R + 38470 G + 7471 B + 0x8000) >> 16 in Pillow;
+ * pillow-simd uses (9798 R + 19235 G + 3735 B + 0x4000) >> 15 on the pixels its SIMD loop takes
+ * (a row's first 4 * floor(width / 4)) and Pillow's formula on the rest (``mode``).
  * Blend computes, per byte and in float, in1 + alpha * (in2 - in1), then truncates to 0..255
  * (PIL clips only when alpha is outside [0, 1], where the value can leave that range; clipping
  * always changes nothing inside it). Saturation is blend(L broadcast to RGB, image, alpha).
@@ -16,6 +18,14 @@
 
 static inline int luma(const uint8_t *p) { return (p[0] * 19595 + p[1] * 38470 + p[2] * 7471 + 0x8000) >> 16; }
 
+/* pillow-simd's grey, which its SIMD loop uses on a row's first 4 * floor(width / 4) pixels. */
+static inline int luma_simd(const uint8_t *p) { return (p[0] * 9798 + p[1] * 19235 + p[2] * 3735 + 0x4000) >> 15; }
+
+/* Where pillow-simd's formula stops in a row (nothing uses it in Pillow's mode). */
+static inline int simd_end_of(int width, int mode) { return mode == NANO_GREY_PILLOW_SIMD ? width - width % 4 : 0; }
+
+static inline int luma_at(const uint8_t *p, int x, int simd_end) { return x < simd_end ? luma_simd(p) : luma(p); }
+
 static inline uint8_t blend_byte(int in1, int in2, float alpha) {
     float t = (float)in1 + alpha * (float)(in2 - in1);
     if (t <= 0.0f)
@@ -27,9 +37,33 @@ static inline uint8_t blend_byte(int in1, int in2, float alpha) {
 
 #if NANO_X86
 
+/* The grey formula as multiply-add weights: (R, B) pairs, (G, G) pairs, rounding, shift. */
+typedef struct {
+    __m256i rb, gg, round;
+    __m128i shift;
+} grey_weights;
+
+NANO_TARGET("avx2")
+static inline grey_weights grey_weights_of(int mode) {
+    grey_weights w;
+    if (mode == NANO_GREY_PILLOW_SIMD) {
+        w.rb = _mm256_set1_epi32((3735 << 16) | 9798);
+        w.gg = _mm256_set1_epi32(19235);
+        w.round = _mm256_set1_epi32(0x4000);
+        w.shift = _mm_cvtsi32_si128(15);
+    } else { /* 38470 does not fit a signed 16-bit weight: G is taken twice at 19235 */
+        w.rb = _mm256_set1_epi32((7471 << 16) | 19595);
+        w.gg = _mm256_set1_epi32((19235 << 16) | 19235);
+        w.round = _mm256_set1_epi32(0x8000);
+        w.shift = _mm_cvtsi32_si128(16);
+    }
+    return w;
+}
+
 /* Eight RGB pixels (24 bytes at p; 32 are read) as int32 lanes of R, G, B and PIL's L. */
 NANO_TARGET("avx2")
-static inline void load8_rgb_avx2(const uint8_t *p, __m256i *r, __m256i *g, __m256i *b, __m256i *l) {
+static inline void load8_rgb_avx2(const uint8_t *p, const grey_weights *gw, __m256i *r, __m256i *g, __m256i *b,
+                                  __m256i *l) {
     /* lane 0 gets bytes 0..11 (pixels 0..3), lane 1 bytes 12..23 (pixels 4..7) */
     __m256i v = _mm256_permutevar8x32_epi32(_mm256_loadu_si256((const __m256i *)p),
                                             _mm256_setr_epi32(0, 1, 2, 2, 3, 4, 5, 5));
@@ -43,10 +77,9 @@ static inline void load8_rgb_avx2(const uint8_t *p, __m256i *r, __m256i *g, __m2
                                              0, -1, 2, -1, 3, -1, 5, -1, 6, -1, 8, -1, 9, -1, 11, -1);
     const __m256i pick_gg = _mm256_setr_epi8(1, -1, 1, -1, 4, -1, 4, -1, 7, -1, 7, -1, 10, -1, 10, -1,
                                              1, -1, 1, -1, 4, -1, 4, -1, 7, -1, 7, -1, 10, -1, 10, -1);
-    /* 38470 does not fit a signed 16-bit weight: G is taken twice at 19235 */
-    __m256i rb = _mm256_madd_epi16(_mm256_shuffle_epi8(v, pick_rb), _mm256_set1_epi32((7471 << 16) | 19595));
-    __m256i gg = _mm256_madd_epi16(_mm256_shuffle_epi8(v, pick_gg), _mm256_set1_epi32((19235 << 16) | 19235));
-    *l = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(rb, gg), _mm256_set1_epi32(0x8000)), 16);
+    __m256i rb = _mm256_madd_epi16(_mm256_shuffle_epi8(v, pick_rb), gw->rb);
+    __m256i gg = _mm256_madd_epi16(_mm256_shuffle_epi8(v, pick_gg), gw->gg);
+    *l = _mm256_srl_epi32(_mm256_add_epi32(_mm256_add_epi32(rb, gg), gw->round), gw->shift);
     if (r) {
         *r = _mm256_shuffle_epi8(v, pick_r);
         *g = _mm256_shuffle_epi8(v, pick_g);
@@ -55,15 +88,16 @@ static inline void load8_rgb_avx2(const uint8_t *p, __m256i *r, __m256i *g, __m2
 }
 
 NANO_TARGET("avx2")
-static void rgb_to_l_avx2(const nano_view *src, uint8_t *dst) {
-    int w = src->width;
+static void rgb_to_l_avx2(const nano_view *src, uint8_t *dst, int mode) {
+    int w = src->width, simd_end = simd_end_of(w, mode);
+    grey_weights gw = grey_weights_of(mode);
     for (int y = 0; y < src->height; y++) {
         const uint8_t *row = src->data + (ptrdiff_t)y * src->stride;
         uint8_t *out = dst + (size_t)y * w;
         int x = 0;
         for (; x * 3 + 32 <= w * 3; x += 8) {
             __m256i l;
-            load8_rgb_avx2(row + x * 3, NULL, NULL, NULL, &l);
+            load8_rgb_avx2(row + x * 3, &gw, NULL, NULL, NULL, &l);
             __m256i b = _mm256_packus_epi16(_mm256_packs_epi32(l, l), _mm256_setzero_si256());
             uint32_t lo = (uint32_t)_mm256_cvtsi256_si32(b);
             uint32_t hi = (uint32_t)_mm_cvtsi128_si32(_mm256_extracti128_si256(b, 1));
@@ -71,21 +105,22 @@ static void rgb_to_l_avx2(const nano_view *src, uint8_t *dst) {
             memcpy(out + x + 4, &hi, 4);
         }
         for (; x < w; x++)
-            out[x] = (uint8_t)luma(row + x * 3);
+            out[x] = (uint8_t)luma_at(row + x * 3, x, simd_end);
     }
 }
 
 NANO_TARGET("avx2")
-static uint64_t gray_sum_avx2(const nano_view *src) {
+static uint64_t gray_sum_avx2(const nano_view *src, int mode) {
     uint64_t total = 0;
-    int w = src->width;
+    int w = src->width, simd_end = simd_end_of(w, mode);
+    grey_weights gw = grey_weights_of(mode);
     for (int y = 0; y < src->height; y++) {
         const uint8_t *row = src->data + (ptrdiff_t)y * src->stride;
         __m256i acc = _mm256_setzero_si256();
         int x = 0;
         for (; x * 3 + 32 <= w * 3; x += 8) {
             __m256i l;
-            load8_rgb_avx2(row + x * 3, NULL, NULL, NULL, &l);
+            load8_rgb_avx2(row + x * 3, &gw, NULL, NULL, NULL, &l);
             acc = _mm256_add_epi32(acc, l);
         }
         uint32_t lanes[8];
@@ -93,7 +128,7 @@ static uint64_t gray_sum_avx2(const nano_view *src) {
         for (int i = 0; i < 8; i++)
             total += lanes[i];
         for (; x < w; x++)
-            total += (uint64_t)luma(row + x * 3);
+            total += (uint64_t)luma_at(row + x * 3, x, simd_end);
     }
     return total;
 }
@@ -106,7 +141,7 @@ static inline __m256i blend_lanes_avx2(__m256i in1, __m256 in1f, __m256i in2, __
 }
 
 NANO_TARGET("avx2")
-static void blend_gray_avx2(const nano_view *src, uint8_t *dst, float alpha) {
+static void blend_gray_avx2(const nano_view *src, uint8_t *dst, float alpha, int mode) {
     const __m256i put_r = _mm256_setr_epi8(0, -1, -1, 4, -1, -1, 8, -1, -1, 12, -1, -1, -1, -1, -1, -1,
                                            0, -1, -1, 4, -1, -1, 8, -1, -1, 12, -1, -1, -1, -1, -1, -1);
     const __m256i put_g = _mm256_setr_epi8(-1, 0, -1, -1, 4, -1, -1, 8, -1, -1, 12, -1, -1, -1, -1, -1,
@@ -115,14 +150,15 @@ static void blend_gray_avx2(const nano_view *src, uint8_t *dst, float alpha) {
                                            -1, -1, 0, -1, -1, 4, -1, -1, 8, -1, -1, 12, -1, -1, -1, -1);
     const __m256i gather = _mm256_setr_epi32(0, 1, 2, 4, 5, 6, 7, 7);
     __m256 a = _mm256_set1_ps(alpha);
-    int w = src->width;
+    int w = src->width, simd_end = simd_end_of(w, mode);
+    grey_weights gw = grey_weights_of(mode);
     for (int y = 0; y < src->height; y++) {
         const uint8_t *row = src->data + (ptrdiff_t)y * src->stride;
         uint8_t *out = dst + (size_t)y * w * 3;
         int x = 0;
         for (; x * 3 + 32 <= w * 3; x += 8) {
             __m256i r, g, b, l;
-            load8_rgb_avx2(row + x * 3, &r, &g, &b, &l);
+            load8_rgb_avx2(row + x * 3, &gw, &r, &g, &b, &l);
             __m256 lf = _mm256_cvtepi32_ps(l);
             r = blend_lanes_avx2(l, lf, r, a);
             g = blend_lanes_avx2(l, lf, g, a);
@@ -135,7 +171,7 @@ static void blend_gray_avx2(const nano_view *src, uint8_t *dst, float alpha) {
         }
         for (; x < w; x++) {
             const uint8_t *p = row + x * 3;
-            int l = luma(p);
+            int l = luma_at(p, x, simd_end);
             out[x * 3 + 0] = blend_byte(l, p[0], alpha);
             out[x * 3 + 1] = blend_byte(l, p[1], alpha);
             out[x * 3 + 2] = blend_byte(l, p[2], alpha);
@@ -188,23 +224,24 @@ void nano_blend_const(const nano_view *src, uint8_t *dst, int in1, float alpha, 
     }
 }
 
-void nano_rgb_to_l(const nano_view *src, uint8_t *dst, int isa) {
+void nano_rgb_to_l(const nano_view *src, uint8_t *dst, int mode, int isa) {
 #if NANO_X86
     if (isa >= NANO_ISA_AVX2) {
-        rgb_to_l_avx2(src, dst);
+        rgb_to_l_avx2(src, dst, mode);
         return;
     }
 #endif
     (void)isa;
+    int simd_end = simd_end_of(src->width, mode);
     for (int y = 0; y < src->height; y++) {
         const uint8_t *row = src->data + (ptrdiff_t)y * src->stride;
         uint8_t *out = dst + (size_t)y * src->width;
         for (int x = 0; x < src->width; x++)
-            out[x] = (uint8_t)luma(row + x * 3);
+            out[x] = (uint8_t)luma_at(row + x * 3, x, simd_end);
     }
 }
 
-uint64_t nano_gray_sum(const nano_view *src, int isa) {
+uint64_t nano_gray_sum(const nano_view *src, int mode, int isa) {
     uint64_t total = 0;
     if (src->channels == 1) {
         for (int y = 0; y < src->height; y++) {
@@ -218,33 +255,35 @@ uint64_t nano_gray_sum(const nano_view *src, int isa) {
     }
 #if NANO_X86
     if (isa >= NANO_ISA_AVX2)
-        return gray_sum_avx2(src);
+        return gray_sum_avx2(src, mode);
 #endif
     (void)isa;
+    int simd_end = simd_end_of(src->width, mode);
     for (int y = 0; y < src->height; y++) {
         const uint8_t *row = src->data + (ptrdiff_t)y * src->stride;
         uint32_t s = 0;
         for (int x = 0; x < src->width; x++)
-            s += (uint32_t)luma(row + x * 3);
+            s += (uint32_t)luma_at(row + x * 3, x, simd_end);
         total += s;
     }
     return total;
 }
 
-void nano_blend_gray(const nano_view *src, uint8_t *dst, float alpha, int isa) {
+void nano_blend_gray(const nano_view *src, uint8_t *dst, float alpha, int mode, int isa) {
 #if NANO_X86
     if (isa >= NANO_ISA_AVX2) {
-        blend_gray_avx2(src, dst, alpha);
+        blend_gray_avx2(src, dst, alpha, mode);
         return;
     }
 #endif
     (void)isa;
+    int simd_end = simd_end_of(src->width, mode);
     for (int y = 0; y < src->height; y++) {
         const uint8_t *row = src->data + (ptrdiff_t)y * src->stride;
         uint8_t *out = dst + (size_t)y * src->width * 3;
         for (int x = 0; x < src->width; x++) {
             const uint8_t *p = row + x * 3;
-            int l = luma(p);
+            int l = luma_at(p, x, simd_end);
             out[x * 3 + 0] = blend_byte(l, p[0], alpha);
             out[x * 3 + 1] = blend_byte(l, p[1], alpha);
             out[x * 3 + 2] = blend_byte(l, p[2], alpha);

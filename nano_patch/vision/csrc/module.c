@@ -86,10 +86,10 @@ fail:
 
 static PyObject *py_resample(PyObject *self, PyObject *args) {
     PyObject *src_obj, *dst_obj;
-    int filter, flip, order_rule, full_w, full_h, x0, y0;
+    int filter, flip, order_rule, weights, full_w, full_h, x0, y0;
     float box[4];
-    if (!PyArg_ParseTuple(args, "OOi(ffff)pi(ii)(ii):resample", &src_obj, &dst_obj, &filter, &box[0], &box[1],
-                          &box[2], &box[3], &flip, &order_rule, &full_w, &full_h, &x0, &y0))
+    if (!PyArg_ParseTuple(args, "OOi(ffff)p(ii)(ii)(ii):resample", &src_obj, &dst_obj, &filter, &box[0], &box[1],
+                          &box[2], &box[3], &flip, &order_rule, &weights, &full_w, &full_h, &x0, &y0))
         return NULL;
     image_arg src, dst;
     if (get_image(src_obj, "src", 0, 0, &src) < 0)
@@ -106,7 +106,7 @@ static PyObject *py_resample(PyObject *self, PyObject *args) {
         int isa = current_isa;
         Py_BEGIN_ALLOW_THREADS
         rc = nano_resample(&src.v, (uint8_t *)dst.v.data, dst.v.stride, full_w, full_h, x0, y0, dst.v.width,
-                           dst.v.height, filter, box, flip, order_rule, isa);
+                           dst.v.height, filter, box, flip, order_rule, weights, isa);
         Py_END_ALLOW_THREADS
         if (rc == -1)
             PyErr_NoMemory();
@@ -148,14 +148,15 @@ static int src_dst(PyObject *src_obj, PyObject *dst_obj, int dst_channels, int g
 
 static PyObject *py_rgb_to_l(PyObject *self, PyObject *args) {
     PyObject *s, *d;
-    if (!PyArg_ParseTuple(args, "OO:rgb_to_l", &s, &d))
+    int mode;
+    if (!PyArg_ParseTuple(args, "OOi:rgb_to_l", &s, &d, &mode))
         return NULL;
     image_arg src, dst;
     if (src_dst(s, d, 1, 0, &src, &dst) < 0)
         return NULL;
     int isa = current_isa;
     Py_BEGIN_ALLOW_THREADS
-    nano_rgb_to_l(&src.v, (uint8_t *)dst.v.data, isa);
+    nano_rgb_to_l(&src.v, (uint8_t *)dst.v.data, mode, isa);
     Py_END_ALLOW_THREADS
     release(&src);
     release(&dst);
@@ -164,7 +165,8 @@ static PyObject *py_rgb_to_l(PyObject *self, PyObject *args) {
 
 static PyObject *py_gray_sum(PyObject *self, PyObject *args) {
     PyObject *s;
-    if (!PyArg_ParseTuple(args, "O:gray_sum", &s))
+    int mode;
+    if (!PyArg_ParseTuple(args, "Oi:gray_sum", &s, &mode))
         return NULL;
     image_arg src;
     if (get_image(s, "src", 0, 0, &src) < 0)
@@ -172,7 +174,7 @@ static PyObject *py_gray_sum(PyObject *self, PyObject *args) {
     uint64_t total;
     int isa = current_isa;
     Py_BEGIN_ALLOW_THREADS
-    total = nano_gray_sum(&src.v, isa);
+    total = nano_gray_sum(&src.v, mode, isa);
     Py_END_ALLOW_THREADS
     release(&src);
     return PyLong_FromUnsignedLongLong(total);
@@ -181,14 +183,15 @@ static PyObject *py_gray_sum(PyObject *self, PyObject *args) {
 static PyObject *py_blend_gray(PyObject *self, PyObject *args) {
     PyObject *s, *d;
     float alpha;
-    if (!PyArg_ParseTuple(args, "OOf:blend_gray", &s, &d, &alpha))
+    int mode;
+    if (!PyArg_ParseTuple(args, "OOfi:blend_gray", &s, &d, &alpha, &mode))
         return NULL;
     image_arg src, dst;
     if (src_dst(s, d, 3, 0, &src, &dst) < 0)
         return NULL;
     int isa = current_isa;
     Py_BEGIN_ALLOW_THREADS
-    nano_blend_gray(&src.v, (uint8_t *)dst.v.data, alpha, isa);
+    nano_blend_gray(&src.v, (uint8_t *)dst.v.data, alpha, mode, isa);
     Py_END_ALLOW_THREADS
     release(&src);
     release(&dst);
@@ -364,11 +367,12 @@ static PyObject *py_set_isa(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"resample", py_resample, METH_VARARGS,
-     "resample(src, dst, filter, box, flip, order_rule, (full_w, full_h), (x0, y0)): the window of dst's size "
-     "at (x0, y0) of PIL's convolution resize of src[box] to full_w x full_h."},
-    {"rgb_to_l", py_rgb_to_l, METH_VARARGS, "rgb_to_l(src, dst): PIL's convert('L')."},
-    {"gray_sum", py_gray_sum, METH_VARARGS, "gray_sum(src) -> int: the sum of PIL's L values."},
-    {"blend_gray", py_blend_gray, METH_VARARGS, "blend_gray(src, dst, alpha): ImageEnhance.Color(src).enhance(alpha)."},
+     "resample(src, dst, filter, box, flip, (order_rule, weights), (full_w, full_h), (x0, y0)): the window of "
+     "dst's size at (x0, y0) of PIL's convolution resize of src[box] to full_w x full_h."},
+    {"rgb_to_l", py_rgb_to_l, METH_VARARGS, "rgb_to_l(src, dst, mode): PIL's convert('L') (mode 1: pillow-simd's)."},
+    {"gray_sum", py_gray_sum, METH_VARARGS, "gray_sum(src, mode) -> int: the sum of PIL's L values."},
+    {"blend_gray", py_blend_gray, METH_VARARGS,
+     "blend_gray(src, dst, alpha, mode): ImageEnhance.Color(src).enhance(alpha)."},
     {"blend_const", py_blend_const, METH_VARARGS,
      "blend_const(src, dst, value, alpha): Image.blend(Image.new(mode, size, value), src, alpha)."},
     {"lut", py_lut, METH_VARARGS, "lut(src, dst, tables): one 256-byte table per channel."},

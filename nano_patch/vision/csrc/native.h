@@ -42,20 +42,27 @@ enum { NANO_LANCZOS = 1, NANO_BILINEAR = 2, NANO_BICUBIC = 3, NANO_BOX = 4, NANO
  * height shrinks by more than twice as many pixels as the width (Pillow 13). */
 enum { NANO_ORDER_HORIZONTAL_FIRST = 0, NANO_ORDER_PILLOW13 = 1 };
 
+/* Whose fixed-point weights: Pillow's 22-bit ones, or pillow-simd's 16-bit ones. */
+enum { NANO_WEIGHTS_PILLOW = 0, NANO_WEIGHTS_PILLOW_SIMD = 1 };
+
 /* PIL's resize of src[box] to full_w x full_h, of which only the window of out_w x out_h at
  * (x0, y0) is computed, into dst (out_h rows of out_w * channels bytes, dst_stride apart).
  * ``flip`` mirrors the window left to right. Returns 0, -1 out of memory, -2 unknown filter,
  * -3 bad sizes, window or box. */
 int nano_resample(const nano_view *src, uint8_t *dst, ptrdiff_t dst_stride, int full_w, int full_h, int x0, int y0,
-                  int out_w, int out_h, int filter, const float box[4], int flip, int order_rule, int isa);
+                  int out_w, int out_h, int filter, const float box[4], int flip, int order_rule, int weights,
+                  int isa);
 
 /* --- color.c: PIL's RGB -> L (Convert.c) and Image.blend (Blend.c) as ImageEnhance uses it --- */
 
-void nano_rgb_to_l(const nano_view *src, uint8_t *dst, int isa);
+/* Whose grey formula: Pillow's, or pillow-simd's (different rounding on most of each row). */
+enum { NANO_GREY_PILLOW = 0, NANO_GREY_PILLOW_SIMD = 1 };
+
+void nano_rgb_to_l(const nano_view *src, uint8_t *dst, int mode, int isa);
 /* The sum of PIL's L values over the image (what ImageStat's mean is built from). */
-uint64_t nano_gray_sum(const nano_view *src, int isa);
+uint64_t nano_gray_sum(const nano_view *src, int mode, int isa);
 /* Image.blend(image.convert("L").convert("RGB"), image, alpha): ImageEnhance.Color. */
-void nano_blend_gray(const nano_view *src, uint8_t *dst, float alpha, int isa);
+void nano_blend_gray(const nano_view *src, uint8_t *dst, float alpha, int mode, int isa);
 /* Image.blend(constant image of value in1, image, alpha): ImageEnhance.Brightness (in1 0) and
  * ImageEnhance.Contrast (in1 the grey mean). */
 void nano_blend_const(const nano_view *src, uint8_t *dst, int in1, float alpha, int isa);

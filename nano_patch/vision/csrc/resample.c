@@ -12,6 +12,9 @@
  * not: the order in which a pass adds its integer products, which cannot change an exact integer
  * sum, and the memory layout (3 bytes a pixel instead of PIL's 4, no copy into PIL).
  *
+ * pillow-simd rounds its weights to 16 bits instead, at a precision chosen per pass, and otherwise
+ * sums alike; ``weights`` selects its arithmetic, so that the kernel matches whichever is installed.
+ *
  * The wide variants (AVX2; AVX-512 with VNNI) split each 23-bit weight w into hi = w >> 11 and
  * lo = w & 2047, both 16-bit, so that pixel * w = (pixel * hi << 11) + pixel * lo can be summed
  * with 16-bit multiply-adds; (hi_sum + ((lo_sum + 2^21) >> 11)) >> 11 is then exactly PIL's
@@ -30,7 +33,6 @@
 #endif
 
 #define PRECISION_BITS (32 - 8 - 2)
-#define ROUNDING (1 << (PRECISION_BITS - 1))
 #define NANO_PI 3.14159265358979323846
 
 /* --- filters: PIL's expressions, in PIL's order of operations --- */
@@ -128,9 +130,12 @@ static int find_filter(int filter, filter_def *out) {
 
 typedef struct {
     int out_size, ksize;
-    int *bounds;  /* per output: first input index, number of inputs */
-    int32_t *kk;  /* out_size x ksize fixed-point weights, zero past each window */
+    int *bounds;   /* per output: first input index, number of inputs */
+    int32_t *kk;   /* out_size x ksize fixed-point weights, zero past each window */
+    int precision; /* fixed-point bits of the weights: 22 (Pillow), or pillow-simd's per-pass choice */
 } coeffs;
+
+static inline int32_t rounding_of(const coeffs *c) { return (int32_t)1 << (c->precision - 1); }
 
 static void coeffs_free(coeffs *c) {
     free(c->bounds);
@@ -139,11 +144,29 @@ static void coeffs_free(coeffs *c) {
     c->kk = NULL;
 }
 
-/* precompute_coeffs + normalize_coeffs_8bpc. in0 and in1 are PIL's float box edges. */
-static int coeffs_compute(int in_size, float in0, float in1, int out_size, const filter_def *f, coeffs *c) {
+/* pillow-simd's 16-bit weights: the most precision (at most 22 bits) at which the largest weight,
+ * doubled, stays below 2^15 (its normalize_coeffs_8bpc). */
+static int simd_precision(const double *k, size_t n) {
+    double maxkk = k[0];
+    for (size_t x = 0; x < n; x++)
+        if (maxkk < k[x])
+            maxkk = k[x];
+    int p;
+    for (p = 0; p < PRECISION_BITS; p += 1) {
+        int next_value = (int)(0.5 + maxkk * (1 << (p + 1)));
+        if (next_value >= (1 << 15))
+            break;
+    }
+    return p;
+}
+
+/* precompute_coeffs + normalize_coeffs_8bpc. in0 and in1 are PIL's float box edges. ``weights``:
+ * NANO_WEIGHTS_PILLOW (22-bit) or NANO_WEIGHTS_PILLOW_SIMD (16-bit, precision per pass). */
+static int coeffs_compute(int in_size, float in0, float in1, int out_size, const filter_def *f, int weights,
+                          coeffs *c) {
     double support, scale, filterscale;
     int xx, x, ksize, xmin, xmax;
-    double *k;
+    double *kd;
 
     filterscale = scale = (double)(in1 - in0) / out_size;
     if (filterscale < 1.0)
@@ -156,9 +179,9 @@ static int coeffs_compute(int in_size, float in0, float in1, int out_size, const
     c->ksize = ksize;
     c->bounds = malloc((size_t)out_size * 2 * sizeof(int));
     c->kk = malloc((size_t)out_size * ksize * sizeof(int32_t));
-    k = malloc((size_t)ksize * sizeof(double));
-    if (!c->bounds || !c->kk || !k) {
-        free(k);
+    kd = malloc((size_t)out_size * ksize * sizeof(double));
+    if (!c->bounds || !c->kk || !kd) {
+        free(kd);
         coeffs_free(c);
         return -1;
     }
@@ -166,6 +189,7 @@ static int coeffs_compute(int in_size, float in0, float in1, int out_size, const
     for (xx = 0; xx < out_size; xx++) {
         double center = in0 + (xx + 0.5) * scale;
         double ww = 0.0;
+        double *k = kd + (size_t)xx * ksize;
         xmin = (int)(center - support + 0.5);
         if (xmin < 0)
             xmin = 0;
@@ -181,20 +205,25 @@ static int coeffs_compute(int in_size, float in0, float in1, int out_size, const
         if (ww != 0.0)
             for (x = 0; x < xmax; x++)
                 k[x] /= ww;
-        int32_t *kq = c->kk + (size_t)xx * ksize;
-        for (x = 0; x < ksize; x++) {
-            double w = x < xmax ? k[x] : 0.0;
-            kq[x] = w < 0 ? (int)(-0.5 + w * (1 << PRECISION_BITS)) : (int)(0.5 + w * (1 << PRECISION_BITS));
-        }
+        for (; x < ksize; x++)
+            k[x] = 0;
         c->bounds[xx * 2 + 0] = xmin;
         c->bounds[xx * 2 + 1] = xmax;
     }
-    free(k);
+    size_t n = (size_t)out_size * ksize;
+    c->precision = weights == NANO_WEIGHTS_PILLOW_SIMD ? simd_precision(kd, n) : PRECISION_BITS;
+    if (c->precision < 1) /* no weight fits: nothing sensible to compute */
+        c->precision = 1;
+    for (size_t i = 0; i < n; i++) {
+        double w = kd[i];
+        c->kk[i] = w < 0 ? (int)(-0.5 + w * (1 << c->precision)) : (int)(0.5 + w * (1 << c->precision));
+    }
+    free(kd);
     return 0;
 }
 
-static inline uint8_t clip8(int32_t ss) {
-    int32_t v = ss >> PRECISION_BITS;
+static inline uint8_t clip8(int32_t ss, int precision) {
+    int32_t v = ss >> precision;
     return v < 0 ? 0 : (v > 255 ? 255 : (uint8_t)v);
 }
 
@@ -203,7 +232,8 @@ static inline uint8_t clip8(int32_t ss) {
 /* rows of src (row_bytes each) -> rows of dst, each output pixel a window of input pixels. */
 static void hpass_generic(const uint8_t *src, ptrdiff_t sstride, int rows, int channels, uint8_t *dst,
                           ptrdiff_t dstride, const coeffs *c, int flip) {
-    int out_w = c->out_size;
+    int out_w = c->out_size, prec = c->precision;
+    const int32_t r = rounding_of(c);
     for (int y = 0; y < rows; y++) {
         const uint8_t *line = src + (ptrdiff_t)y * sstride;
         uint8_t *out = dst + (ptrdiff_t)y * dstride;
@@ -212,22 +242,22 @@ static void hpass_generic(const uint8_t *src, ptrdiff_t sstride, int rows, int c
             const int32_t *k = c->kk + (size_t)xx * c->ksize;
             uint8_t *o = out + (size_t)(flip ? out_w - 1 - xx : xx) * channels;
             if (channels == 3) {
-                int32_t s0 = ROUNDING, s1 = ROUNDING, s2 = ROUNDING;
+                int32_t s0 = r, s1 = r, s2 = r;
                 const uint8_t *p = line + (size_t)xmin * 3;
                 for (int x = 0; x < n; x++, p += 3) {
                     s0 += p[0] * k[x];
                     s1 += p[1] * k[x];
                     s2 += p[2] * k[x];
                 }
-                o[0] = clip8(s0);
-                o[1] = clip8(s1);
-                o[2] = clip8(s2);
+                o[0] = clip8(s0, prec);
+                o[1] = clip8(s1, prec);
+                o[2] = clip8(s2, prec);
             } else {
-                int32_t s0 = ROUNDING;
+                int32_t s0 = r;
                 const uint8_t *p = line + xmin;
                 for (int x = 0; x < n; x++)
                     s0 += p[x] * k[x];
-                o[0] = clip8(s0);
+                o[0] = clip8(s0, prec);
             }
         }
     }
@@ -236,11 +266,12 @@ static void hpass_generic(const uint8_t *src, ptrdiff_t sstride, int rows, int c
 /* Each output row is a weighted sum of input rows; the same for every byte of the row. */
 static void vpass_generic(const uint8_t *src, ptrdiff_t sstride, int row_bytes, uint8_t *dst, ptrdiff_t dstride,
                           const coeffs *c, int32_t *acc) {
+    const int32_t r = rounding_of(c);
     for (int yy = 0; yy < c->out_size; yy++) {
         int ymin = c->bounds[yy * 2], n = c->bounds[yy * 2 + 1];
         const int32_t *k = c->kk + (size_t)yy * c->ksize;
         for (int x = 0; x < row_bytes; x++)
-            acc[x] = ROUNDING;
+            acc[x] = r;
         for (int y = 0; y < n; y++) {
             const uint8_t *line = src + (ptrdiff_t)(ymin + y) * sstride;
             int32_t w = k[y];
@@ -249,11 +280,27 @@ static void vpass_generic(const uint8_t *src, ptrdiff_t sstride, int row_bytes, 
         }
         uint8_t *out = dst + (ptrdiff_t)yy * dstride;
         for (int x = 0; x < row_bytes; x++)
-            out[x] = clip8(acc[x]);
+            out[x] = clip8(acc[x], c->precision);
     }
 }
 
 #if NANO_X86
+
+/* A weight as the two 16-bit halves the wide passes multiply: Pillow's 23-bit weights as
+ * (w >> 11, w & 2047); pillow-simd's 16-bit weights whole, in the lo half. The sums recombine
+ * as (hi_sum + ((lo_sum + rounding) >> lo_shift)) >> hi_shift, which is (sum + rounding) >> precision. */
+static inline void split_weight(const coeffs *c, int32_t w, uint32_t *hi, uint32_t *lo) {
+    if (c->precision == PRECISION_BITS) {
+        *hi = (uint16_t)(int16_t)(w >> 11);
+        *lo = (uint32_t)(w & 2047);
+    } else {
+        *hi = 0;
+        *lo = (uint16_t)(int16_t)w;
+    }
+}
+
+static inline int lo_shift_of(const coeffs *c) { return c->precision == PRECISION_BITS ? 11 : c->precision; }
+static inline int hi_shift_of(const coeffs *c) { return c->precision == PRECISION_BITS ? 11 : 0; }
 
 /* The weights of a pass as 16-bit (hi, lo) halves, two taps to a 32-bit word, for madd. */
 typedef struct {
@@ -283,8 +330,9 @@ static int split_make(const coeffs *c, int pair_multiple, split_coeffs *s) {
         const int32_t *k = c->kk + (size_t)i * c->ksize;
         for (int p = 0; p < pairs; p++) {
             int32_t w0 = 2 * p < n ? k[2 * p] : 0, w1 = 2 * p + 1 < n ? k[2 * p + 1] : 0;
-            uint32_t h0 = (uint16_t)(int16_t)(w0 >> 11), h1 = (uint16_t)(int16_t)(w1 >> 11);
-            uint32_t l0 = (uint32_t)(w0 & 2047), l1 = (uint32_t)(w1 & 2047);
+            uint32_t h0, h1, l0, l1;
+            split_weight(c, w0, &h0, &l0);
+            split_weight(c, w1, &h1, &l1);
             s->hi[(size_t)i * pairs + p] = (int32_t)(h0 | (h1 << 16));
             s->lo[(size_t)i * pairs + p] = (int32_t)(l0 | (l1 << 16));
         }
@@ -301,11 +349,11 @@ static void split_free(split_coeffs *s) {
     _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)((p0) + (off)))), \
                             _mm_loadu_si128((const __m128i *)((p1) + (off))), 1)
 
-/* (hi << 11) + lo + ROUNDING, shifted right by 22: the same floor, taken in two steps so the
- * rounding term joins the lo sum first. */
+/* (hi << lo_shift) + lo + rounding, shifted right by the precision: the same floor, taken in two
+ * steps so the rounding term joins the lo sum first (split_weight). */
 NANO_TARGET("avx2")
-static inline __m256i hfinish_avx2(__m256i acc_hi, __m256i acc_lo_rounded) {
-    return _mm256_srai_epi32(_mm256_add_epi32(acc_hi, _mm256_srai_epi32(acc_lo_rounded, 11)), 11);
+static inline __m256i hfinish_avx2(__m256i acc_hi, __m256i acc_lo_rounded, __m128i lo_shift, __m128i hi_shift) {
+    return _mm256_sra_epi32(_mm256_add_epi32(acc_hi, _mm256_sra_epi32(acc_lo_rounded, lo_shift)), hi_shift);
 }
 
 /* Two rows at a time (a lane each), four output pixels per step, G groups of four taps for every
@@ -322,13 +370,14 @@ static inline __m256i hfinish_avx2(__m256i acc_hi, __m256i acc_lo_rounded) {
             w_ = _mm256_add_epi32(w_, _mm256_add_epi32(_mm256_madd_epi16(a0_, _mm256_set1_epi32((k)[4 * g + 2])),     \
                                                        _mm256_madd_epi16(a1_, _mm256_set1_epi32((k)[4 * g + 3])))); \
         }                                                                                                  \
-        res = hfinish_avx2(h_, w_);                                                                        \
+        res = hfinish_avx2(h_, w_, lo_shift, hi_shift);                                                    \
     } while (0)
 
 #define DEFINE_HPASS3_AVX2(NAME, G)                                                                        \
     NANO_TARGET("avx2")                                                                                    \
     static void NAME(const uint8_t *src, ptrdiff_t sstride, int rows, uint8_t *dst, ptrdiff_t dstride,    \
-                     int out_w, int begin, int end, const int *offsets, const int32_t *kw, int groups) {   \
+                     int out_w, int begin, int end, const int *offsets, const int32_t *kw, int groups,     \
+                     int32_t r, const int *shifts) {                                                       \
         (void)groups;                                                                                      \
         const __m256i taps01 = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1,   \
                                                 0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);  \
@@ -336,7 +385,8 @@ static inline __m256i hfinish_avx2(__m256i acc_hi, __m256i acc_lo_rounded) {
                                                 6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1);\
         const __m256i compact = _mm256_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1,    \
                                                  0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);   \
-        const __m256i rounding = _mm256_set1_epi32(ROUNDING);                                              \
+        const __m256i rounding = _mm256_set1_epi32(r);                                                     \
+        const __m128i lo_shift = _mm_cvtsi32_si128(shifts[0]), hi_shift = _mm_cvtsi32_si128(shifts[1]);    \
         for (int y = 0; y < rows; y += 2) {                                                                \
             const uint8_t *l0 = src + (ptrdiff_t)y * sstride, *l1 = y + 1 < rows ? l0 + sstride : l0;    \
             uint8_t *o0 = dst + (ptrdiff_t)y * dstride, *o1 = o0 + dstride;                                \
@@ -393,18 +443,20 @@ DEFINE_HPASS3_AVX2(hpass3_avx2_gn, groups)
             w_ = _mm512_dpwssd_epi32(w_, a0_, _mm512_set1_epi32((k)[4 * g + 2]));                          \
             w_ = _mm512_dpwssd_epi32(w_, a1_, _mm512_set1_epi32((k)[4 * g + 3]));                          \
         }                                                                                                  \
-        res = _mm512_srai_epi32(_mm512_add_epi32(h_, _mm512_srai_epi32(w_, 11)), 11);                      \
+        res = _mm512_sra_epi32(_mm512_add_epi32(h_, _mm512_sra_epi32(w_, lo_shift)), hi_shift);            \
     } while (0)
 
 #define DEFINE_HPASS3_AVX512(NAME, G)                                                                      \
     NANO_TARGET(NANO_AVX512)                                                                               \
     static void NAME(const uint8_t *src, ptrdiff_t sstride, int rows, uint8_t *dst, ptrdiff_t dstride,    \
-                     int out_w, int begin, int end, const int *offsets, const int32_t *kw, int groups) {   \
+                     int out_w, int begin, int end, const int *offsets, const int32_t *kw, int groups,     \
+                     int32_t r, const int *shifts) {                                                       \
         (void)groups;                                                                                      \
         const __m512i taps01 = _mm512_broadcast_i32x4(_mm_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1)); \
         const __m512i taps23 = _mm512_broadcast_i32x4(_mm_setr_epi8(6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1)); \
         const __m512i compact = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1)); \
-        const __m512i rounding = _mm512_set1_epi32(ROUNDING);                                              \
+        const __m512i rounding = _mm512_set1_epi32(r);                                                     \
+        const __m128i lo_shift = _mm_cvtsi32_si128(shifts[0]), hi_shift = _mm_cvtsi32_si128(shifts[1]);    \
         for (int y = 0; y < rows; y += 4) {                                                                \
             int live = rows - y < 4 ? rows - y : 4;                                                        \
             const uint8_t *l0 = src + (ptrdiff_t)y * sstride;                                              \
@@ -446,7 +498,7 @@ DEFINE_HPASS3_AVX512(hpass3_avx512_g3, 3)
 DEFINE_HPASS3_AVX512(hpass3_avx512_gn, groups)
 
 typedef void (*hpass3_fn)(const uint8_t *, ptrdiff_t, int, uint8_t *, ptrdiff_t, int, int, int, const int *,
-                          const int32_t *, int);
+                          const int32_t *, int, int32_t, const int *);
 
 /* The RGB horizontal pass with the widest kernels: weights split and laid out in writing order;
  * the few outputs at the right edge of the input, whose loads would run past the row, in C. */
@@ -477,8 +529,10 @@ static int hpass3_simd(const uint8_t *src, ptrdiff_t sstride, int rows, int in_w
         offsets[i] = xmin * 3;
         for (int t = 0; t < 4 * G; t += 2) {
             int32_t w0 = t < n ? k[t] : 0, w1 = t + 1 < n ? k[t + 1] : 0;
-            uint32_t h = (uint32_t)(uint16_t)(int16_t)(w0 >> 11) | ((uint32_t)(uint16_t)(int16_t)(w1 >> 11) << 16);
-            uint32_t l = (uint32_t)(w0 & 2047) | ((uint32_t)(w1 & 2047) << 16);
+            uint32_t h0, h1, l0, l1;
+            split_weight(c, w0, &h0, &l0);
+            split_weight(c, w1, &h1, &l1);
+            uint32_t h = h0 | (h1 << 16), l = l0 | (l1 << 16);
             int g = t / 4, j = (t / 2) % 2;
             kw[(size_t)i * 4 * G + 4 * g + j] = (int32_t)h;
             kw[(size_t)i * 4 * G + 4 * g + 2 + j] = (int32_t)l;
@@ -493,9 +547,11 @@ static int hpass3_simd(const uint8_t *src, ptrdiff_t sstride, int rows, int in_w
     static const hpass3_fn avx2[4] = {hpass3_avx2_g1, hpass3_avx2_g2, hpass3_avx2_g3, hpass3_avx2_gn};
     static const hpass3_fn avx512[4] = {hpass3_avx512_g1, hpass3_avx512_g2, hpass3_avx512_g3, hpass3_avx512_gn};
     int simd = begin < end ? end - begin : 0;
+    const int shifts[2] = {lo_shift_of(c), hi_shift_of(c)};
+    const int32_t r = rounding_of(c);
     if (simd)
         (isa >= NANO_ISA_AVX512 ? avx512 : avx2)[G < 4 ? G - 1 : 3](src, sstride, rows, dst, dstride, out_w, begin,
-                                                                    end, offsets, kw, G);
+                                                                    end, offsets, kw, G, r, shifts);
     /* the edge outputs, after the wide stores that spilled spare bytes into them */
     for (int y = 0; y < rows; y++) {
         const uint8_t *line = src + (ptrdiff_t)y * sstride;
@@ -505,16 +561,16 @@ static int hpass3_simd(const uint8_t *src, ptrdiff_t sstride, int rows, int in_w
             int xx = flip ? out_w - 1 - i : i;
             int xmin = c->bounds[xx * 2], n = c->bounds[xx * 2 + 1];
             const int32_t *k = c->kk + (size_t)xx * c->ksize;
-            int32_t s0 = ROUNDING, s1 = ROUNDING, s2 = ROUNDING;
+            int32_t s0 = r, s1 = r, s2 = r;
             const uint8_t *p = line + (size_t)xmin * 3;
             for (int x = 0; x < n; x++, p += 3) {
                 s0 += p[0] * k[x];
                 s1 += p[1] * k[x];
                 s2 += p[2] * k[x];
             }
-            out[i * 3 + 0] = clip8(s0);
-            out[i * 3 + 1] = clip8(s1);
-            out[i * 3 + 2] = clip8(s2);
+            out[i * 3 + 0] = clip8(s0, c->precision);
+            out[i * 3 + 1] = clip8(s1, c->precision);
+            out[i * 3 + 2] = clip8(s2, c->precision);
         }
     }
     free(offsets);
@@ -533,8 +589,8 @@ static int hpass3_simd(const uint8_t *src, ptrdiff_t sstride, int rows, int in_w
     } while (0)
 
 NANO_TARGET("avx2")
-static inline __m256i vfinish_avx2(__m256i acc_h, __m256i acc_l_rounded) {
-    return _mm256_srai_epi32(_mm256_add_epi32(acc_h, _mm256_srai_epi32(acc_l_rounded, 11)), 11);
+static inline __m256i vfinish_avx2(__m256i acc_h, __m256i acc_l_rounded, __m128i lo_shift, __m128i hi_shift) {
+    return _mm256_sra_epi32(_mm256_add_epi32(acc_h, _mm256_sra_epi32(acc_l_rounded, lo_shift)), hi_shift);
 }
 
 NANO_TARGET("avx2")
@@ -543,6 +599,7 @@ static int vpass_avx2(const uint8_t *src, ptrdiff_t sstride, int row_bytes, uint
     split_coeffs s;
     if (split_make(c, 1, &s))
         return -1;
+    const __m128i ls = _mm_cvtsi32_si128(lo_shift_of(c)), hs = _mm_cvtsi32_si128(hi_shift_of(c));
     for (int yy = 0; yy < c->out_size; yy++) {
         int ymin = c->bounds[yy * 2], n = c->bounds[yy * 2 + 1];
         const int32_t *hi = s.hi + (size_t)yy * s.pairs, *lo = s.lo + (size_t)yy * s.pairs;
@@ -550,7 +607,7 @@ static int vpass_avx2(const uint8_t *src, ptrdiff_t sstride, int row_bytes, uint
         uint8_t *out = dst + (ptrdiff_t)yy * dstride;
         int x = 0;
         for (; x + 32 <= row_bytes; x += 32) {
-            const __m256i r = _mm256_set1_epi32(ROUNDING);
+            const __m256i r = _mm256_set1_epi32(rounding_of(c));
             __m256i a_lh = _mm256_setzero_si256(), a_hh = a_lh, b_lh = a_lh, b_hh = a_lh;
             __m256i a_ll = r, a_hl = r, b_ll = r, b_hl = r;
             for (int p = 0; p < pairs; p++) {
@@ -564,18 +621,18 @@ static int vpass_avx2(const uint8_t *src, ptrdiff_t sstride, int row_bytes, uint
                 VPASS_ACC(k, a0, a1, a_lh, a_ll, a_hh, a_hl);
                 VPASS_ACC(k, b0, b1, b_lh, b_ll, b_hh, b_hl);
             }
-            __m256i a = _mm256_packs_epi32(vfinish_avx2(a_lh, a_ll), vfinish_avx2(a_hh, a_hl));
-            __m256i b = _mm256_packs_epi32(vfinish_avx2(b_lh, b_ll), vfinish_avx2(b_hh, b_hl));
+            __m256i a = _mm256_packs_epi32(vfinish_avx2(a_lh, a_ll, ls, hs), vfinish_avx2(a_hh, a_hl, ls, hs));
+            __m256i b = _mm256_packs_epi32(vfinish_avx2(b_lh, b_ll, ls, hs), vfinish_avx2(b_hh, b_hl, ls, hs));
             __m256i bytes = _mm256_permute4x64_epi64(_mm256_packus_epi16(a, b), 0xD8);
             _mm256_storeu_si256((__m256i *)(out + x), bytes);
         }
         if (x < row_bytes) {
             const int32_t *k = c->kk + (size_t)yy * c->ksize;
             for (; x < row_bytes; x++) {
-                int32_t ss = ROUNDING;
+                int32_t ss = rounding_of(c);
                 for (int y = 0; y < n; y++)
                     ss += src[(ptrdiff_t)(ymin + y) * sstride + x] * k[y];
-                out[x] = clip8(ss);
+                out[x] = clip8(ss, c->precision);
             }
         }
     }
@@ -584,8 +641,8 @@ static int vpass_avx2(const uint8_t *src, ptrdiff_t sstride, int row_bytes, uint
 }
 
 NANO_TARGET(NANO_AVX512)
-static inline __m512i vfinish_avx512(__m512i h, __m512i l) {
-    return _mm512_srai_epi32(_mm512_add_epi32(h, _mm512_srai_epi32(l, 11)), 11);
+static inline __m512i vfinish_avx512(__m512i h, __m512i l, __m128i lo_shift, __m128i hi_shift) {
+    return _mm512_sra_epi32(_mm512_add_epi32(h, _mm512_sra_epi32(l, lo_shift)), hi_shift);
 }
 
 /* The vertical pass, 64 bytes of a row per step, VNNI multiply-accumulates; the rest of each row
@@ -596,7 +653,8 @@ static int vpass_avx512(const uint8_t *src, ptrdiff_t sstride, int row_bytes, ui
     split_coeffs s;
     if (split_make(c, 1, &s))
         return -1;
-    const __m512i rounding = _mm512_set1_epi32(ROUNDING);
+    const __m512i rounding = _mm512_set1_epi32(rounding_of(c));
+    const __m128i ls = _mm_cvtsi32_si128(lo_shift_of(c)), hs = _mm_cvtsi32_si128(hi_shift_of(c));
     const __m512i order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7);
     int wide = row_bytes / 64 * 64;
     for (int yy = 0; yy < c->out_size; yy++) {
@@ -627,8 +685,8 @@ static int vpass_avx512(const uint8_t *src, ptrdiff_t sstride, int row_bytes, ui
                 h3 = _mm512_dpwssd_epi32(h3, v, kh);
                 l3 = _mm512_dpwssd_epi32(l3, v, kl);
             }
-            __m512i p0 = _mm512_packs_epi32(vfinish_avx512(h0, l0), vfinish_avx512(h1, l1));
-            __m512i p1 = _mm512_packs_epi32(vfinish_avx512(h2, l2), vfinish_avx512(h3, l3));
+            __m512i p0 = _mm512_packs_epi32(vfinish_avx512(h0, l0, ls, hs), vfinish_avx512(h1, l1, ls, hs));
+            __m512i p1 = _mm512_packs_epi32(vfinish_avx512(h2, l2, ls, hs), vfinish_avx512(h3, l3, ls, hs));
             _mm512_storeu_si512((void *)(out + x), _mm512_permutexvar_epi64(order, _mm512_packus_epi16(p0, p1)));
         }
     }
@@ -686,12 +744,13 @@ static void flip_rows(uint8_t *dst, ptrdiff_t dstride, int w, int h, int channel
 
 /* The weights of outputs [first, first + count) of a pass, sharing the full table's memory. */
 static coeffs coeffs_window(const coeffs *c, int first, int count) {
-    coeffs w = {count, c->ksize, c->bounds + 2 * (size_t)first, c->kk + (size_t)first * c->ksize};
+    coeffs w = {count, c->ksize, c->bounds + 2 * (size_t)first, c->kk + (size_t)first * c->ksize, c->precision};
     return w;
 }
 
 int nano_resample(const nano_view *src, uint8_t *dst, ptrdiff_t dst_stride, int full_w, int full_h, int x0, int y0,
-                  int out_w, int out_h, int filter, const float box[4], int flip, int order_rule, int isa) {
+                  int out_w, int out_h, int filter, const float box[4], int flip, int order_rule, int weights,
+                  int isa) {
     filter_def f;
     int in_w = src->width, in_h = src->height, ch = src->channels;
     if (find_filter(filter, &f))
@@ -714,12 +773,12 @@ int nano_resample(const nano_view *src, uint8_t *dst, ptrdiff_t dst_stride, int 
     int rc = 0;
 
     if (need_v || (need_h && h_first)) {
-        if (coeffs_compute(in_h, box[1], box[3], full_h, &f, &cv))
+        if (coeffs_compute(in_h, box[1], box[3], full_h, &f, weights, &cv))
             return -1;
         vw = coeffs_window(&cv, y0, out_h);
     }
     if (need_h) {
-        if (coeffs_compute(in_w, box[0], box[2], full_w, &f, &chz)) {
+        if (coeffs_compute(in_w, box[0], box[2], full_w, &f, weights, &chz)) {
             rc = -1;
             goto end;
         }
