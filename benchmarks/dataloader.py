@@ -1,12 +1,13 @@
-"""DataLoader benchmark: vision pipeline (b) through a DataLoader, stock against patched, 0/1/2 workers.
+"""DataLoader benchmark: a vision pipeline through a DataLoader, stock against patched, 0/1/2 workers.
 
-Pipeline (b) is RandomResizedCrop(224), RandomHorizontalFlip, ToTensor, Normalize over an
-ImageFolder of real-photo JPEGs (``examples/make_photo_folder.py``), batch size 64. Each
+``--pipeline b`` is RandomResizedCrop(224), RandomHorizontalFlip, ToTensor, Normalize; ``pets``
+is RandomResizedCrop(128), RandomHorizontalFlip, ColorJitter(0.3, 0.3, 0.3), ToTensor, Normalize;
+over an ImageFolder of real-photo JPEGs (``examples/make_photo_folder.py``), batch size 64. Each
 configuration runs in a fresh process; images/s is measured over full passes after a warm-up pass
 (persistent workers stay up under the patch), and the image bytes each batch carries from the
-workers to the main process are reported. Results: ``benchmarks/results/dataloader.{json,png}``.
+workers to the main process are reported. Results: ``benchmarks/results/dataloader[-pets].{json,png}``.
 
-    python benchmarks/dataloader.py [--per-class 96] [--passes 3] [--repeat 3]
+    python benchmarks/dataloader.py [--pipeline b|pets] [--per-class 96] [--passes 3] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -33,14 +34,19 @@ MODES = {
 CHILD = r"""
 import json, sys, time, torch
 mode, root, workers, passes = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+pipeline = sys.argv[5]
 if mode is not None:
     import nano_patch
     nano_patch.patch_torch(**mode)
 import torchvision.transforms as T
 from torchvision.datasets import ImageFolder
 from torch.utils.data import DataLoader
-tf = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(),
-                T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+norm = T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+if pipeline == "pets":
+    tf = T.Compose([T.RandomResizedCrop(128), T.RandomHorizontalFlip(), T.ColorJitter(0.3, 0.3, 0.3), T.ToTensor(),
+                    norm])
+else:
+    tf = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), norm])
 loader = DataLoader(ImageFolder(root, transform=tf), batch_size=64, shuffle=True, num_workers=workers)
 torch.manual_seed(0)
 def one_pass():
@@ -60,9 +66,10 @@ print(json.dumps({"images_per_s": n / (time.perf_counter() - t), "bytes_per_batc
 """
 
 
-def run(mode: dict | None, root: Path, workers: int, passes: int) -> dict:
+def run(mode: dict | None, root: Path, workers: int, passes: int, pipeline: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NANO_PATCH_", "_NANO_PATCH"))}
-    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(mode), str(root), str(workers), str(passes)],
+    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(mode), str(root), str(workers), str(passes),
+                           pipeline],
                           capture_output=True, text=True, env=env, check=False)
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-3000:])
@@ -83,7 +90,7 @@ def chart(result: dict, path: Path) -> None:
     ax.set_xticks(result["workers"])
     ax.set_xlabel("num_workers")
     ax.set_ylabel("images / s (median)")
-    ax.set_title(f"Pipeline (b) through a DataLoader, batch 64\n{result['machine']}")
+    ax.set_title(f"Pipeline {result['pipeline']} through a DataLoader, batch 64\n{result['machine']}")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -94,6 +101,7 @@ def main() -> None:
     ap.add_argument("--per-class", type=int, default=96)
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--pipeline", choices=["b", "pets"], default="b")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT / "examples"))
     from make_photo_folder import build
@@ -101,20 +109,22 @@ def main() -> None:
 
     workers = [0, 1, 2]
     result = {"machine": f"{_cpu_name()}, {os.cpu_count()} CPUs", "python": platform.python_version(),
-              "workers": workers, "rows": {}}
+              "pipeline": args.pipeline, "workers": workers, "rows": {}}
     with tempfile.TemporaryDirectory() as tmp:
         root = build(Path(tmp) / "photos", args.per_class) / "train"
         runs: dict[str, list[dict]] = {}
         for _ in range(args.repeat):  # interleaved, so drift hits every configuration alike
             for w in workers:
                 for mode, opts in MODES.items():
-                    runs.setdefault(f"{mode} | {w} workers", []).append(run(opts, root, w, args.passes))
+                    runs.setdefault(f"{mode} | {w} workers", []).append(run(opts, root, w, args.passes,
+                                                                            args.pipeline))
         for name, rs in runs.items():
             rates = [r["images_per_s"] for r in rs]
             result["rows"][name] = {**rs[0], "images_per_s": statistics.median(rates), "all": rates}
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "dataloader.json").write_text(json.dumps(result, indent=2))
-    chart(result, RESULTS / "dataloader.png")
+    stem = "dataloader" if args.pipeline == "b" else f"dataloader-{args.pipeline}"
+    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2))
+    chart(result, RESULTS / f"{stem}.png")
     print("| workers | stock img/s | patched float img/s | patched uint8 img/s | uint8 / stock | "
           "bytes/batch stock | bytes/batch uint8 |")
     print("|---|---|---|---|---|---|---|")

@@ -33,6 +33,7 @@ ALL_NAME = "all (bf16, channels_last, vision, dataloader)"
 ALL_2P_NAME = "all + 2 processes"
 FAST_NAME = "nano-patch run --fast"
 FAST_REPORT_NAME = "nano-patch run --fast --report"
+FAST_FP32_NAME = "nano-patch run --fast --precision 32"
 CONFIGS = {
     "stock": ([], {}),
     "vision+dataloader patch": (["-m", "nano_patch", "run"], {"NANO_PATCH_TRAINER": "0"}),
@@ -49,6 +50,8 @@ CONFIGS = {
     # The one-flag path a new user takes, and its report's cost (`--stem preset` keeps these apart).
     FAST_NAME: (["-m", "nano_patch", "run", "--fast"], {}),
     FAST_REPORT_NAME: (["-m", "nano_patch", "run", "--fast", "--report"], {}),
+    # What --fast gives where the CPU has no native bf16 (it stays in fp32 there).
+    FAST_FP32_NAME: (["-m", "nano_patch", "run", "--fast", "--precision", "32"], {}),
 }
 
 JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"

@@ -219,7 +219,7 @@ def test_uint8_output_for_dataloader_workers(photos):
 
 
 def test_timm_pipelines_match_stock(photos):
-    timm_data = pytest.importorskip("timm.data", reason="timm is a benchmark extra")
+    import timm.data as timm_data
 
     def train():
         return timm_data.create_transform(96, is_training=True)
