@@ -263,10 +263,11 @@ static PyObject *py_hue_shift(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* planes_lut(src, tables, dst): tables C x 256 float32/float64 (C-contiguous), dst C x H x W same type. */
-static PyObject *py_planes_lut(PyObject *self, PyObject *args) {
+/* The uint8 image through one float table per channel, into dst: C x H x W (``planar``, what
+ * ToTensor gives) or H x W x C. tables: C x 256 float32 or float64, C-contiguous; dst of its type. */
+static PyObject *float_tables(PyObject *args, int planar) {
     PyObject *s, *t, *d;
-    if (!PyArg_ParseTuple(args, "OOO:planes_lut", &s, &t, &d))
+    if (!PyArg_ParseTuple(args, planar ? "OOO:planes_lut" : "OOO:pixels_lut", &s, &t, &d))
         return NULL;
     image_arg src;
     Py_buffer tb, db;
@@ -281,59 +282,25 @@ static PyObject *py_planes_lut(PyObject *self, PyObject *args) {
         release(&src);
         return NULL;
     }
-    int ok = tb.ndim == 2 && tb.shape[1] == 256 && db.ndim == 3 && db.shape[0] == tb.shape[0] &&
-             db.shape[1] == src.v.height && db.shape[2] == src.v.width && tb.itemsize == db.itemsize &&
-             tb.format && db.format && strcmp(tb.format, db.format) == 0 &&
-             (strcmp(tb.format, "f") == 0 || strcmp(tb.format, "d") == 0) &&
-             (src.v.channels == 1 || tb.shape[0] == src.v.channels);
+    int ok = tb.ndim == 2 && tb.shape[1] == 256 && tb.itemsize == db.itemsize && tb.format && db.format &&
+             strcmp(tb.format, db.format) == 0 && (strcmp(tb.format, "f") == 0 || strcmp(tb.format, "d") == 0);
+    if (planar) /* one grey plane may broadcast to several table rows, as stock's Normalize does */
+        ok = ok && db.ndim == 3 && db.shape[0] == tb.shape[0] && db.shape[1] == src.v.height &&
+             db.shape[2] == src.v.width && (src.v.channels == 1 || tb.shape[0] == src.v.channels);
+    else
+        ok = ok && tb.shape[0] == src.v.channels &&
+             db.len == (Py_ssize_t)src.v.width * src.v.height * src.v.channels * tb.itemsize;
     if (!ok) {
-        PyErr_SetString(PyExc_ValueError, "planes_lut: tables must be C x 256 and dst C x H x W, both float32 or both float64");
+        PyErr_Format(PyExc_ValueError, "%s: tables must be C x 256 and dst %s, of one float type",
+                     planar ? "planes_lut" : "pixels_lut", planar ? "C x H x W" : "H x W x C");
     } else {
-        int out_c = (int)tb.shape[0];
-        int is_f32 = strcmp(tb.format, "f") == 0;
+        int out_c = (int)tb.shape[0], is_f32 = strcmp(tb.format, "f") == 0;
         Py_BEGIN_ALLOW_THREADS
-        if (is_f32)
+        if (planar && is_f32)
             nano_planes_lut_f32(&src.v, (const float *)tb.buf, (float *)db.buf, out_c);
-        else
+        else if (planar)
             nano_planes_lut_f64(&src.v, (const double *)tb.buf, (double *)db.buf, out_c);
-        Py_END_ALLOW_THREADS
-    }
-    PyBuffer_Release(&tb);
-    PyBuffer_Release(&db);
-    release(&src);
-    if (!ok)
-        return NULL;
-    Py_RETURN_NONE;
-}
-
-/* pixels_lut(src, tables, dst): tables C x 256 float32/float64, dst H x W x C of the same type. */
-static PyObject *py_pixels_lut(PyObject *self, PyObject *args) {
-    PyObject *s, *t, *d;
-    if (!PyArg_ParseTuple(args, "OOO:pixels_lut", &s, &t, &d))
-        return NULL;
-    image_arg src;
-    Py_buffer tb, db;
-    if (get_image(s, "src", 0, 0, &src) < 0)
-        return NULL;
-    if (PyObject_GetBuffer(t, &tb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
-        release(&src);
-        return NULL;
-    }
-    if (PyObject_GetBuffer(d, &db, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&tb);
-        release(&src);
-        return NULL;
-    }
-    int ok = tb.ndim == 2 && tb.shape[0] == src.v.channels && tb.shape[1] == 256 &&
-             db.len == (Py_ssize_t)src.v.width * src.v.height * src.v.channels * tb.itemsize &&
-             tb.itemsize == db.itemsize && tb.format && db.format && strcmp(tb.format, db.format) == 0 &&
-             (strcmp(tb.format, "f") == 0 || strcmp(tb.format, "d") == 0);
-    if (!ok) {
-        PyErr_SetString(PyExc_ValueError, "pixels_lut: tables must be C x 256 and dst H x W x C, of one float type");
-    } else {
-        int is_f32 = strcmp(tb.format, "f") == 0;
-        Py_BEGIN_ALLOW_THREADS
-        if (is_f32)
+        else if (is_f32)
             nano_pixels_lut_f32(&src.v, (const float *)tb.buf, (float *)db.buf);
         else
             nano_pixels_lut_f64(&src.v, (const double *)tb.buf, (double *)db.buf);
@@ -346,6 +313,10 @@ static PyObject *py_pixels_lut(PyObject *self, PyObject *args) {
         return NULL;
     Py_RETURN_NONE;
 }
+
+static PyObject *py_planes_lut(PyObject *self, PyObject *args) { return float_tables(args, 1); }
+
+static PyObject *py_pixels_lut(PyObject *self, PyObject *args) { return float_tables(args, 0); }
 
 static PyObject *py_isa(PyObject *self, PyObject *noargs) { return PyUnicode_FromString(isa_names[current_isa]); }
 
