@@ -516,50 +516,21 @@ def to_tensor(a: np.ndarray, dtype: Any = None):
 
     dtype = dtype or torch.get_default_dtype()
     if dtype in (torch.float32, torch.float64):
-        return image_through_tables(a, _tables(dtype, None, None, get_image_num_channels(a)))
+        return image_through_tables(a, _to_tensor_table(dtype, get_image_num_channels(a)))
     return _float_planes(a, dtype).div_(255)
-
-
-def to_tensor_normalized(a: np.ndarray, mean: Any, std: Any, dtype: Any = None):
-    """``ToTensor`` then ``Normalize(mean, std)`` in one pass, bit-identical to the two of them.
-
-    A uint8 pixel has 256 possible values, so stock's per-element arithmetic
-    (``x.div(255).sub_(mean).div_(std)``) is run by torch itself on those 256 values per channel
-    once, and each plane is then one table lookup. Anything stock would reject or treat specially
-    (a zero std, means of the wrong shape) goes to stock ``normalize``, with its own error.
-    """
-    import torch
-    from torchvision.transforms import functional as F
-
-    dtype = dtype or torch.get_default_dtype()
-    channels = get_image_num_channels(a)
-    m = torch.as_tensor(mean, dtype=dtype)
-    s = torch.as_tensor(std, dtype=dtype)
-    if (
-        dtype not in (torch.float32, torch.float64) or m.ndim > 1 or s.ndim > 1 or m.numel() not in (1, channels)
-        or s.numel() not in (1, channels) or bool((s == 0).any())
-    ):
-        return F.normalize(to_tensor(a, dtype), mean, std, inplace=True)
-    key = (tuple(m.tolist()), tuple(s.tolist()))
-    return image_through_tables(a, _tables(dtype, *key, channels))
 
 
 _TABLES: dict[tuple[Any, ...], np.ndarray] = {}
 
 
-def _tables(dtype: Any, mean: tuple[float, ...] | None, std: tuple[float, ...] | None, channels: int) -> np.ndarray:
-    """A channels x 256 table: torch's own ToTensor (+ Normalize) arithmetic on every uint8 value."""
+def _to_tensor_table(dtype: Any, channels: int) -> np.ndarray:
+    """A channels x 256 table: ToTensor's own arithmetic (``.to(dtype).div(255)``) on every uint8 value."""
     import torch
 
-    key = (dtype, mean, std, channels)
+    key = (dtype, channels)
     table = _TABLES.get(key)
     if table is None:
-        v = torch.arange(256, dtype=torch.uint8).to(dtype).div(255).expand(channels, 256).contiguous()
-        if mean is not None and std is not None:
-            v.sub_(torch.tensor(mean, dtype=dtype).view(-1, 1)).div_(torch.tensor(std, dtype=dtype).view(-1, 1))
-        table = v.numpy()
-        if len(_TABLES) > 64:
-            _TABLES.clear()
+        table = torch.arange(256, dtype=torch.uint8).to(dtype).div(255).expand(channels, 256).contiguous().numpy()
         _TABLES[key] = table
     return table
 
