@@ -122,9 +122,20 @@ def options() -> Options:
 
 def status() -> dict[str, Any]:
     """Every patch as applied, pending, skipped or off (with the reason and versions), each native image
-    kernel (native, with its instruction set, or on PIL's code and why), plus CPU facts."""
+    kernel (native, with its instruction set, or on PIL's code and why), the decoded-image cache
+    setting and its store, plus CPU facts."""
     from . import sysinfo
 
     return {"patched": is_patched(), "patches": _get_manager().status(), "kernels": sysinfo.native_kernels(),
-            "system": sysinfo.summary()}
+            "decoded_cache": _cache_status(), "system": sysinfo.summary()}
+
+
+def _cache_status() -> dict[str, Any]:
+    try:
+        from .vision import cache
+
+        s = cache.setting()
+        return {"setting": s.mode if s.cap is None else f"on, cap {s.cap} bytes", **cache.describe(s.folder)}
+    except Exception as exc:  # noqa: BLE001 - a summary never fails
+        return {"setting": "?", "state": f"{type(exc).__name__}: {exc}"}
 

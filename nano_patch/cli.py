@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from . import config
 
-SUBCOMMANDS = ("run", "status", "init", "install-simd")
+SUBCOMMANDS = ("run", "status", "init", "install-simd", "cache")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,11 +39,13 @@ def _parser() -> argparse.ArgumentParser:
         if field in config.BOOLEAN_FIELDS:
             opts.add_argument(flag, dest=field, action=argparse.BooleanOptionalAction, default=None,
                               help=text.replace("%", "%%"))
-        elif field == "auto_lr":
-            opts.add_argument(flag, dest=field, nargs="?", const="true", default=None, metavar="JSON",
+        elif field in ("auto_lr", "cache_decoded"):
+            const, metavar = ("true", "JSON") if field == "auto_lr" else ("on", "on|off|auto|SIZE")
+            opts.add_argument(flag, dest=field, nargs="?", const=const, default=None, metavar=metavar,
                               help=text.replace("%", "%%"))
         else:
-            metavar = {"num_processes": "N|auto", "cpu_for_each_process": "'0,1;2,3'", "precision": "32|bf16"}
+            metavar = {"num_processes": "N|auto", "cpu_for_each_process": "'0,1;2,3'", "precision": "32|bf16",
+                       "cache_dir": "PATH"}
             opts.add_argument(flag, dest=field, default=None, metavar=metavar.get(field, "VALUE"),
                               help=text.replace("%", "%%"))
     run.add_argument("args", nargs=argparse.REMAINDER, help="script path and its arguments")
@@ -54,6 +56,13 @@ def _parser() -> argparse.ArgumentParser:
     simd = sub.add_parser("install-simd", help="swap Pillow for pillow-simd, built for this CPU")
     simd.add_argument("--undo", action="store_true", help="put plain Pillow back")
     simd.add_argument("--check", action="store_true", help="only run the self-check")
+    cache = sub.add_parser("cache", help="list the decoded-image caches (size, entries, cap), or clear them",
+                           description="The decoded-image cache keeps full JPEG decodes on disk so that epochs after "
+                                       "the first skip decoding (--cache-decoded, and --fast where it fits).")
+    cache.add_argument("action", nargs="?", choices=("list", "clear"), default="list")
+    cache.add_argument("--cache-dir", dest="cache_dir", metavar="PATH",
+                       help="a cache folder to look at besides the default and NANO_PATCH_CACHE_DIR")
+    cache.add_argument("--json", action="store_true")
     return p
 
 
@@ -66,6 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(args)
     if args.command == "status":
         return _status(args.json)
+    if args.command == "cache":
+        return _cache(args.action, args.cache_dir, args.json)
     if args.command == "init":
         from . import envtune
 
@@ -95,6 +106,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.report not in (None, "-") and not args.report.endswith(".json"):
         rest.insert(0, args.report)  # `--report train.py`: the script, not a report path
         args.report = "-"
+    for field, const in (("cache_decoded", "on"), ("auto_lr", "true")):
+        value = getattr(args, field)
+        if value is not None and _is_script(value):
+            rest.insert(0, value)  # `--cache-decoded train.py`: the flag without a value, then the script
+            setattr(args, field, const)
     if rest and rest[0] == "--":
         rest = rest[1:]
     if args.module is None and not rest:
@@ -157,6 +173,11 @@ def _run(args: argparse.Namespace) -> int:
     return code
 
 
+def _is_script(value: str) -> bool:
+    """A flag's optional value that is really the script to run (a .py file, or a file that exists)."""
+    return value.endswith(".py") or os.path.isfile(value)
+
+
 def _exit_status(value: object) -> int:
     if value is None:
         return 0
@@ -183,6 +204,43 @@ def _status(as_json: bool) -> int:
     print("native image kernels:")
     for name, state in info["kernels"].items():
         print(f"  {name:<30} {state}")
+    c = info["decoded_cache"]
+    where = f"{c['store']}: {c.get('entries')} images, {c.get('bytes_on_disk', 0) / 1e6:.0f} MB [{c['state']}]" \
+        if c.get("exists") else c.get("state", "")
+    print(f"decoded-image cache: {c['setting']}; {where}")
     sysinfo = info["system"]
     print("system: " + ", ".join(f"{k}={v}" for k, v in sysinfo.items()))
+    return 0
+
+
+def _cache(action: str, cache_dir: str | None, as_json: bool) -> int:
+    from pathlib import Path
+
+    from .vision import cache
+
+    folders = cache.known_folders([Path(cache_dir).expanduser()] if cache_dir else None)
+    if action == "clear":
+        code = 0
+        for folder in folders:
+            try:
+                removed = cache.clear(folder)
+            except OSError as exc:
+                print(f"nano-patch cache: {exc}", file=sys.stderr)
+                code = 1
+                continue
+            if removed:
+                print(f"removed {removed}")
+        return code
+    rows = [cache.describe(folder) for folder in folders]
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for row in rows:
+        if not row["exists"]:
+            print(f"{row['folder']}: no cache")
+            continue
+        entries = "?" if row["entries"] is None else row["entries"]
+        cap = "" if row["cap"] is None else f", cap {cache.human_bytes(row['cap'])}"
+        print(f"{row['store']}: {cache.human_bytes(row['bytes_on_disk'])} on disk, {entries} images{cap} "
+              f"[{row['state']}]")
     return 0

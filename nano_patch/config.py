@@ -45,6 +45,8 @@ class Options:
     auto_lr: bool | dict[str, Any] = False
     scaled_decode: bool = False
     uint8_batches: bool = True
+    cache_decoded: str | int = "off"
+    cache_dir: str | None = None
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(Options))
@@ -62,6 +64,9 @@ DESCRIPTIONS = {
     "auto_lr": "learning rate x world size, with a linear warmup",
     "scaled_decode": "DCT-domain JPEG downscale before a first Resize (outside parity bars)",
     "uint8_batches": "DataLoader workers send uint8 images; batches are converted in the main process",
+    "cache_decoded": "keep decoded images in an on-disk store shared by all processes, so later epochs skip "
+                     "JPEG decoding",
+    "cache_dir": "the private folder of the decoded-image cache (default: ~/.cache/nano-patch/decoded-images)",
 }
 
 # What each option accepts, for error messages and the README table.
@@ -76,6 +81,9 @@ ACCEPTED = {
     "auto_lr": 'a bool, or {"warmup_epochs": k} with k >= 0 (env: 1/0, or a JSON object)',
     "scaled_decode": "a bool (env: 1/0, true/false, yes/no, on/off)",
     "uint8_batches": "a bool (env: 1/0, true/false, yes/no, on/off)",
+    "cache_decoded": 'on, off, auto (what --fast sets: on when the dataset fits the budget), or a size cap '
+                     'of at least 1MB such as 20GB, 512MB, 2GiB',
+    "cache_dir": "a folder path (created with mode 0700; refused if owned by another user or writable by others)",
 }
 
 
@@ -138,6 +146,51 @@ def _cores(value: Any, source: str) -> tuple[tuple[int, ...], ...] | None:
     return groups
 
 
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+               "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+#: The smallest cap accepted: the store needs a few pages of its own.
+MIN_CACHE_BYTES = 1024**2
+
+
+def parse_size(text: str) -> int | None:
+    """Bytes in ``20GB``, ``1.5 GiB``, ``512MB``, ``1048576``; None if it is not a size."""
+    import re
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if m is None or m.group(2).lower() not in _SIZE_UNITS:
+        return None
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+
+
+def _cache_decoded(value: Any, source: str) -> str | int:
+    if isinstance(value, bool) or value in (0, 1):
+        return "on" if value else "off"
+    if isinstance(value, int) and value >= MIN_CACHE_BYTES:
+        return value
+    if isinstance(value, str):
+        v = value.strip().lower()
+        if v in _TRUE:
+            return "on"
+        if v in _FALSE:
+            return "off"
+        if v == "auto":
+            return "auto"
+        size = parse_size(v)
+        if size is not None and size >= MIN_CACHE_BYTES:
+            return size
+    raise _err("cache_decoded", value, source)
+
+
+def _cache_dir(value: Any, source: str) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if isinstance(value, str) and value.strip():
+        return value
+    raise _err("cache_dir", value, source)
+
+
 def normalise_precision(value: Any, source: str = "argument") -> str | None:
     """Map the accepted spellings to ``"32"`` or ``"bf16"``."""
     if value is None:
@@ -177,6 +230,10 @@ def validate(name: str, value: Any, source: str = "argument") -> Any:
         return _cores(value, source)
     if name == "precision":
         return normalise_precision(value, source)
+    if name == "cache_decoded":
+        return _cache_decoded(value, source)
+    if name == "cache_dir":
+        return _cache_dir(value, source)
     return _auto_lr(value, source)
 
 

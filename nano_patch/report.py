@@ -39,6 +39,8 @@ class Stats:
         self.counts: Counter[tuple[str, bool, str]] = Counter()
         self.seconds: Counter[str] = Counter()
         self.loader: Counter[str] = Counter()
+        #: the decoded-image cache: hits, misses, stored, bytes, decode seconds and pixels (vision/cache.py)
+        self.cache: Counter[str] = Counter()
         self.iterators: list[weakref.ref[Any]] = []
         self._flushed = time.monotonic()
         self._register_exit()
@@ -62,6 +64,7 @@ class Stats:
         self.counts.clear()
         self.seconds.clear()
         self.loader.clear()
+        self.cache.clear()
         self.iterators.clear()
         self._flushed = time.monotonic()
 
@@ -78,10 +81,10 @@ class Stats:
 
     def flush(self) -> None:
         self._flushed = time.monotonic()
-        if not (self.counts or self.seconds or self.loader):
+        if not (self.counts or self.seconds or self.loader or self.cache):
             return
         data = {"counts": [[p, f, r, n] for (p, f, r), n in self.counts.items()], "seconds": dict(self.seconds),
-                "loader": dict(self.loader)}
+                "loader": dict(self.loader), "cache": dict(self.cache)}
         _write_json(os.path.join(self.directory, f"counts-{os.getpid()}.json"), data)
 
 
@@ -189,18 +192,32 @@ def _read_all(directory: str, pattern: str) -> list[dict[str, Any]]:
     return found
 
 
-def _merge(directory: str) -> tuple[Counter, Counter, Counter, dict[str, Any] | None]:
+def _merge(directory: str) -> tuple[Counter, Counter, Counter, Counter, dict[str, Any] | None]:
     counts: Counter[tuple[str, bool, str]] = Counter()
     seconds: Counter[str] = Counter()
     loader: Counter[str] = Counter()
+    cache: Counter[str] = Counter()
     for data in _read_all(directory, "counts-*.json"):
         for p, fast, reason, n in data.get("counts", []):
             counts[(p, bool(fast), reason)] += int(n)
         seconds.update(data.get("seconds", {}))
+        cache.update(data.get("cache", {}))
         for k, v in data.get("loader", {}).items():
             loader[k] = max(loader[k], v) if k == "max_workers" else loader[k] + v
     training = (_read_all(directory, "lightning-*.json") or [None])[-1]
-    return counts, seconds, loader, training
+    return counts, seconds, loader, cache, training
+
+
+def cache_summary(cache: Counter) -> dict[str, Any] | None:
+    """Hits, misses, bytes and the decode time the hits saved (estimated from the full decodes timed on
+    misses in this run, per pixel), or None when no image went through the decoded-image cache."""
+    if not (cache.get("hits") or cache.get("misses")):
+        return None
+    per_px = cache["decode_s"] / cache["decode_px"] if cache.get("decode_px") else None
+    return {"hits": int(cache["hits"]), "misses": int(cache["misses"]), "stored": int(cache["stored"]),
+            "bytes_read": int(cache["hit_bytes"]), "bytes_stored": int(cache["stored_bytes"]),
+            "decode_s_saved": None if per_px is None else cache["hit_px"] * per_px,
+            "decode_s_spent": float(cache["decode_s"])}
 
 
 def stop_workers() -> None:
@@ -222,8 +239,8 @@ def compose(wall_time: float, patch_rows: list[dict[str, Any]], unused_knobs: li
     if stats is not None:
         stop_workers()
         stats.flush()
-    counts, seconds, loader, training = _merge(stats.directory) if stats is not None else (
-        Counter(), Counter(), Counter(), None)
+    counts, seconds, loader, cache, training = _merge(stats.directory) if stats is not None else (
+        Counter(), Counter(), Counter(), Counter(), None)
     if training is None and loader.get("samples"):
         wait, step = loader["wait_s"], loader["step_s"]
         training = {"source": "DataLoader iteration (all loaders, this process)", "data_wait_s": wait,
@@ -268,7 +285,7 @@ def compose(wall_time: float, patch_rows: list[dict[str, Any]], unused_knobs: li
         advice.append(knob)
     return {"wall_time_s": wall_time, "training": training, "patches": patches,
             "seconds": {"resize": seconds.get("resize", 0.0), "image_loading": seconds.get("load", 0.0)},
-            "unused_knobs": unused_knobs, "advice": advice}
+            "decoded_cache": cache_summary(cache), "unused_knobs": unused_knobs, "advice": advice}
 
 
 def discard() -> None:
@@ -299,6 +316,11 @@ def render(report: dict[str, Any]) -> str:
             continue
         lines.append(f"  {p['name']}: {p['accelerated']} accelerated, {p['fallback']} fallback")
         lines += [f"      {f['count']} x {f['reason']}" for f in p["top_fallbacks"]]
+    c = report.get("decoded_cache")
+    if c is not None:
+        saved = "" if c["decode_s_saved"] is None else f", about {c['decode_s_saved']:.1f} s of decoding saved"
+        lines.append(f"  decoded-image cache: {c['hits']} hits, {c['misses']} misses ({c['stored']} stored, "
+                     f"{c['bytes_stored'] / 1e6:.0f} MB); {c['bytes_read'] / 1e6:.0f} MB read from it{saved}")
     if report["advice"]:
         lines.append("  next steps:")
         lines += [f"    - {a}" for a in report["advice"]]

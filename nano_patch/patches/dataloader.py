@@ -59,6 +59,8 @@ class DataLoaderPatch(Patch):
                 import torch
 
                 extra["pin_memory"] = torch.cuda.is_available()
+            if options.vision and dataset is not None:
+                _prepare_cache(dataset)
             if extra:
                 merged = dict(given)
                 merged.pop("self", None)
@@ -94,6 +96,19 @@ class DataLoaderPatch(Patch):
                 return None, ("the dataset is not an image folder with a stock Compose ending in ToTensor "
                               "(and Normalize): float batches")
             return dataclasses.replace(found[1], channels_last=opts.channels_last), "uint8 batches"
+
+        def _prepare_cache(dataset: Any) -> None:
+            from ..vision import cache
+
+            try:
+                cache.prepare(dataset)
+            except Exception as exc:  # noqa: BLE001 - the cache is an optimisation: never fail the loader
+                import warnings
+
+                from ..registry import NanoPatchWarning
+
+                warnings.warn(f"nano-patch: decoded-image cache not prepared: {type(exc).__name__}: {exc}",
+                              NanoPatchWarning, stacklevel=4)
 
         self.record.wrap(module.DataLoader, "__init__", init)
         self.record.wrap(module.DataLoader, "__iter__", iter_)

@@ -8,6 +8,9 @@
 - Built-in datasets that open their files with PIL themselves (Flowers102, Food101, OxfordIIITPet,
   StanfordCars, DTD, Country211 via ImageFolder): their ``__getitem__`` reads the same attributes
   and decodes through the same path. Caltech101 keeps each photo's own mode (grayscale stays "L").
+
+Every one of these paths reads and fills the decoded-image cache when it is on
+(``vision/cache.py``): later epochs skip decoding.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ def _loader_adapter(
         path, target = sample_of(instance, args[0])
         stats = report.stats
         start = time.perf_counter() if stats is not None else 0.0
-        sample = loading.load_transformed(path, instance.transform)
+        sample = loading.load_transformed(path, instance.transform, instance)
         if stats is not None:
             stats.add_seconds("load", time.perf_counter() - start)
         if instance.target_transform is not None:
@@ -97,7 +100,7 @@ def _pet_adapter() -> Callable[..., Any]:
                 target.append(Image.open(instance._segs[idx]))
         target = None if not target else target[0] if len(target) == 1 else tuple(target)
         transform = transforms.transform if transforms is not None else None
-        image = loading.load_transformed(instance._images[idx], transform)
+        image = loading.load_transformed(instance._images[idx], transform, instance)
         if transforms is not None and transforms.target_transform is not None:
             target = transforms.target_transform(target)
         return image, target
@@ -109,7 +112,7 @@ def _caltech_adapter() -> Callable[..., Any]:
     """Caltech101 opens with a bare ``Image.open`` (no RGB conversion): its grayscale photos stay "L"."""
     import os
 
-    from ..vision import decode, loading
+    from ..vision import loading
 
     def getitem(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if len(args) != 1 or kwargs or list(instance.target_type) != ["category"]:
@@ -117,11 +120,10 @@ def _caltech_adapter() -> Callable[..., Any]:
         idx = args[0]
         path = os.path.join(instance.root, "101_ObjectCategories", instance.categories[instance.y[idx]],
                             f"image_{instance.index[idx]:04d}.jpg")
-        arr = decode.decode_jpeg_native(path)
-        if arr is None:
+        image = loading.load_native_transformed(path, instance.transform, instance)
+        if image is None:
             return wrapped(*args, **kwargs)  # not a plain JPEG: PIL, exactly as stock
         target = instance.y[idx]
-        image = loading.transform_decoded(arr, instance.transform)
         if instance.target_transform is not None:
             target = instance.target_transform(target)
         return image, target

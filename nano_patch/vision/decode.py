@@ -60,6 +60,18 @@ def decode_rgb(
     1/4 or 1/8) while keeping both sides at least that large. It is only a permission: the caller
     must resize the result to its final size. ``data``: the file's bytes, when already read.
     """
+    return decode_rgb_reproducibly(path, min_size, data)[0]
+
+
+def decode_rgb_reproducibly(
+    path: str | os.PathLike[str], min_size: tuple[int, int] | None = None, data: bytes | None = None
+) -> tuple[np.ndarray, bool]:
+    """:func:`decode_rgb`, and whether the same file always decodes to these pixels with this software.
+
+    True for libjpeg-turbo's strict decodes, and for PIL's unless ``ImageFile.LOAD_TRUNCATED_IMAGES``
+    is set (a damaged file then decodes to PIL's fill, where stock with the flag off raises). Only
+    such decodes may go into the decoded-image cache.
+    """
     data = read_bytes(path) if data is None else data
     size = jpeg_size(data)
     if size is not None:
@@ -74,10 +86,12 @@ def decode_rgb(
         else:
             if report.stats is not None:
                 report.stats.count("vision_datasets", True, "JPEG decoded by libjpeg-turbo")
-            return arr
+            return arr, True
     if report.stats is not None:
         report.stats.count("vision_datasets", False, why_pil(data))
-    return np.asarray(pil_open_rgb(path))
+    from PIL import ImageFile
+
+    return np.asarray(pil_open_rgb(path)), not ImageFile.LOAD_TRUNCATED_IMAGES
 
 
 _MAGIC = ((b"\x89PNG", "PNG"), (b"GIF8", "GIF"), (b"BM", "BMP"), (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"))

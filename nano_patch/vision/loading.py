@@ -1,17 +1,22 @@
-"""From a file path to a transformed sample: decode, optionally DCT-scaled, then the pipeline.
+"""From a file path to a transformed sample: decode (or the decoded-image cache), then the pipeline.
 
-Pure functions of the path and the transform objects; the dataset patch routes to them.
+Functions of the path, the transform objects and the dataset (which decides whether the decoded-
+image cache is used for it, under ``--fast``); the dataset patch routes to them. With the cache on,
+a hit is a read-only view into the store and a miss is decoded in full and added; with it off (or
+full), a first ``Resize`` may scale the JPEG down while decoding (``scaled_decode``).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import time
 from typing import Any
 
 import numpy as np
 
-from . import decode, pipeline
+from .. import report
+from . import cache, decode, pipeline
 from . import functional as K
 from .image import FastImage, plain
 
@@ -25,7 +30,58 @@ DCT_MIN_SCALE = 0.5
 
 def load_pil(path: str | os.PathLike[str]) -> Any:
     """``pil_loader``: the decoded file as an RGB PIL image (a ``FastImage``: no copy into PIL until used)."""
-    return FastImage.wrap(decode.decode_rgb(path))
+    store = cache.store_for(None)
+    a = cached(store, path) if store is not None else None
+    return FastImage.wrap(decode.decode_rgb(path) if a is None else a)
+
+
+def cached(store: cache.Store, path: str | os.PathLike[str], native_mode: bool = False) -> np.ndarray | None:
+    """The full decode of ``path`` through ``store``: a hit's view, or a miss decoded and added.
+
+    ``native_mode``: the JPEG's own mode (grey stays H x W), as :func:`decode.decode_jpeg_native`.
+    None when the store missed and takes no more entries (full, or no disk space), or the file is
+    not one this decoder handles (``native_mode``): the caller decodes as it would without a cache.
+    """
+    material = cache.key_material(path, "native" if native_mode else "RGB")
+    if material is None:
+        return None  # cannot stat it: the decode raises stock's error
+    a = store.get(material)
+    if a is not None:
+        if report.stats is not None:
+            _count_hit(path, a, native_mode)
+        return a
+    if not store.accepting:
+        return None
+    start = time.perf_counter()
+    if native_mode:
+        a, reproducible = decode.decode_jpeg_native(path), True
+        if a is None:
+            return None
+    else:
+        a, reproducible = decode.decode_rgb_reproducibly(path)
+    seconds = time.perf_counter() - start
+    stored = reproducible and store.put(material, a)
+    cache.count_miss(a, seconds, stored)
+    return a
+
+
+_timed_a_decode = False
+
+
+def _count_hit(path: str | os.PathLike[str], a: np.ndarray, native_mode: bool) -> None:
+    """Count a hit; once per process, time the decode it saved, so the report can estimate the total."""
+    global _timed_a_decode
+    cache.count_hit(a)
+    stats = report.stats
+    if stats is not None and not _timed_a_decode:
+        _timed_a_decode = True
+        start = time.perf_counter()
+        if native_mode:
+            decode.decode_jpeg_native(path)
+        else:
+            decode.decode_rgb(path)
+        stats.cache["decode_s"] += time.perf_counter() - start
+        stats.cache["decode_px"] += a.shape[0] * a.shape[1]
 
 
 def default_loader(path: str | os.PathLike[str]) -> Any:
@@ -39,17 +95,33 @@ def default_loader(path: str | os.PathLike[str]) -> Any:
     return load_pil(path)
 
 
-def load_transformed(path: str | os.PathLike[str], transform: Any) -> Any:
+def load_transformed(path: str | os.PathLike[str], transform: Any, dataset: Any = None) -> Any:
     """Decode ``path`` and apply ``transform`` the way a stock dataset would after ``pil_loader``.
 
     The decoded image travels as a ``FastImage``; an image result comes out as a plain PIL image.
+    ``dataset``: the dataset the file belongs to (it decides whether the decoded-image cache is used).
     """
     from torchvision.transforms import Compose
 
+    store = cache.store_for(dataset)
+    a = cached(store, path) if store is not None else None
     if transform is not None and pipeline.behaves_as(transform, Compose):
+        if a is not None:
+            return plain(pipeline.run_compose(transform, FastImage.wrap(a)))
         arr, done = _decode_with_first_resize(path, transform.transforms)
         return plain(pipeline.run_compose(transform, FastImage.wrap(arr), skip=done))
-    return transform_decoded(decode.decode_rgb(path), transform)
+    return transform_decoded(decode.decode_rgb(path) if a is None else a, transform)
+
+
+def load_native_transformed(path: str | os.PathLike[str], transform: Any, dataset: Any = None) -> Any:
+    """A JPEG in its own mode (grey stays "L"), transformed; None if it is not a JPEG this decoder takes."""
+    store = cache.store_for(dataset)
+    a = cached(store, path, native_mode=True) if store is not None else None
+    if a is None:
+        a = decode.decode_jpeg_native(path)
+        if a is None:
+            return None
+    return transform_decoded(a, transform)
 
 
 def transform_decoded(arr: np.ndarray, transform: Any) -> Any:

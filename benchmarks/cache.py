@@ -1,0 +1,269 @@
+"""Decoded-image cache benchmark: warm and cold epochs against stock, the cache off, and the decode-only rate.
+
+Each pipeline runs as a training script runs it: ``ImageFolder`` over real photographs (JPEGs of
+300-500 px made from the photos that ship in scikit-learn and matplotlib) and ``DataLoader(batch_size=16,
+shuffle=True)``. Sides, each (pipeline, side) in a fresh process, interleaved within each round:
+
+- ``stock``: no patch;
+- ``cache off``: ``patch_torch()`` (crop-region decode where the kernel is built);
+- ``cold cache``: ``patch_torch(cache_decoded="on")`` on an empty store: the first epoch, which decodes
+  every file and adds it;
+- ``warm cache``: the same on a store filled beforehand: epochs after the first.
+
+``--workers 0``: one pinned core, one thread; images/s is the median over epochs 2..N (the cold side:
+epoch 1, compared with the first epoch of ``cache off``). ``--workers 2``: ``DataLoader(num_workers=2)``
+on both cores, the store shared by the workers. ``--memory``: each worker's resident memory over a
+folder of at least 1 GB decoded, 2 workers, stock against the warm cache (the store's pages are
+file-backed and shared: USS, the memory private to a worker, is what must not grow with the dataset).
+
+Results: ``benchmarks/results/cache[-STEM].json`` and ``.png``.
+
+    python benchmarks/cache.py --rounds 3 [--workers 0|2] [--memory]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "examples"))
+
+from vision import PIPELINES, decode_only, machine, torchvision_pipeline  # noqa: E402
+
+SIDES = ("stock", "cache off", "cold cache", "warm cache")
+
+
+def worker(side: str, name: str, root: str, epochs: int, cache_dir: str, workers: int) -> dict:
+    """One (pipeline, side) in this fresh process: images/s of each epoch through the DataLoader."""
+    if workers == 0:
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[-1]})
+    import torch
+
+    torch.set_num_threads(1)
+    if side != "stock":
+        import nano_patch
+
+        nano_patch.patch_torch(cache_decoded="off" if side == "cache off" else "on", cache_dir=cache_dir)
+    from torch.utils.data import DataLoader
+    from torchvision.datasets import ImageFolder
+
+    dataset = ImageFolder(root, transform=torchvision_pipeline(name))
+    loader = DataLoader(dataset, batch_size=16, shuffle=True, num_workers=workers)
+    torch.manual_seed(0)
+    rates = []
+    for _ in range(epochs):
+        n, start = 0, time.perf_counter()
+        for _, y in loader:
+            n += len(y)
+        rates.append(n / (time.perf_counter() - start))
+    return {"rates": rates}
+
+
+def run_side(side: str, name: str, root: str, epochs: int, cache_dir: Path, workers: int) -> list[float]:
+    if side == "cold cache":
+        shutil.rmtree(cache_dir, ignore_errors=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NANO_PATCH_", "_NANO_PATCH"))}
+    out = subprocess.run([sys.executable, __file__, "--worker", side, name, root, str(epochs), str(cache_dir),
+                          str(workers)], env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])["rates"]
+
+
+def measure(names: list[str], root: str, rounds: int, epochs: int, workers: int, tmp: Path) -> dict:
+    per_round: list[dict] = []
+    for r in range(rounds):
+        got: dict[str, dict[str, float]] = {}
+        for name in names:
+            cache_dir = tmp / f"cache-{name}"
+            run_side("warm cache", name, root, 1, cache_dir, workers)  # fill the store for the warm side
+            got[name] = {}
+            order = SIDES if r % 2 == 0 else SIDES[::-1]
+            for side in order:
+                d = cache_dir if side == "warm cache" else tmp / f"cache-{name}-{side.replace(' ', '-')}"
+                rates = run_side(side, name, root, 1 if side == "cold cache" else epochs, d, workers)
+                if side == "cold cache":
+                    got[name]["cold cache (epoch 1)"] = rates[0]
+                else:
+                    got[name][side] = statistics.median(rates[1:] or rates)
+                    if side == "cache off":
+                        got[name]["cache off (epoch 1)"] = rates[0]
+            print(f"round {r}: {name}: " + ", ".join(f"{k} {v:.0f}" for k, v in got[name].items()), flush=True)
+        per_round.append(got)
+    keys = per_round[0][names[0]].keys()
+    medians = {n: {k: statistics.median(rd[n][k] for rd in per_round) for k in keys} for n in names}
+    ratios = {n: {"warm / stock": [rd[n]["warm cache"] / rd[n]["stock"] for rd in per_round],
+                  "cold / off (epoch 1)": [rd[n]["cold cache (epoch 1)"] / rd[n]["cache off (epoch 1)"]
+                                           for rd in per_round],
+                  "off / stock": [rd[n]["cache off"] / rd[n]["stock"] for rd in per_round]} for n in names}
+    return {"medians": medians, "ratios": ratios, "per_round": per_round}
+
+
+# --- memory ---------------------------------------------------------------------------------------
+
+MEMORY_CHILD = r"""
+import sys, time, torch
+side, root, cache_dir = sys.argv[1], sys.argv[2], sys.argv[3]
+torch.set_num_threads(1)
+if side != "stock":
+    import nano_patch
+    nano_patch.patch_torch(cache_decoded="on", cache_dir=cache_dir)
+sys.path.insert(0, sys.argv[4])
+from vision import torchvision_pipeline
+from torch.utils.data import DataLoader
+from torchvision.datasets import ImageFolder
+loader = DataLoader(ImageFolder(root, transform=torchvision_pipeline("b")), batch_size=16, shuffle=True,
+                    num_workers=2, persistent_workers=True)
+for epoch in range(int(sys.argv[5])):
+    for x, y in loader:
+        pass
+    print("epoch", epoch, flush=True)
+"""
+
+
+def memory(root: str, tmp: Path, epochs: int) -> dict:
+    """Each DataLoader worker's RSS and USS (private memory), sampled while it reads the whole folder."""
+    import psutil
+
+    out = {}
+    cache_dir = tmp / "cache-memory"
+    for side in ("warm cache (filling)", "stock", "warm cache"):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("NANO_PATCH_", "_NANO_PATCH"))}
+        proc = psutil.Popen([sys.executable, "-c", MEMORY_CHILD, side.split(" (")[0], root, str(cache_dir), str(HERE),
+                             str(1 if "filling" in side else epochs)], env=env, stdout=subprocess.PIPE, text=True)
+        peak: dict[int, dict[str, int]] = {}
+        samples = []
+        while proc.poll() is None:
+            for child in proc.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    m = child.memory_full_info()
+                    p = peak.setdefault(child.pid, {"rss": 0, "uss": 0, "shared": 0})
+                    p["rss"], p["uss"], p["shared"] = max(p["rss"], m.rss), max(p["uss"], m.uss), \
+                        max(p["shared"], m.shared)
+                    samples.append((time.monotonic(), child.pid, m.rss, m.uss))
+            time.sleep(0.2)
+        if "filling" in side:
+            continue
+        workers = sorted(peak.values(), key=lambda p: -p["rss"])[:2]
+        out[side] = {"workers": workers, "max_rss_mb": max(w["rss"] for w in workers) / 2**20,
+                     "max_uss_mb": max(w["uss"] for w in workers) / 2**20}
+        print(side, out[side], flush=True)
+    from nano_patch.vision import cache
+
+    out["store_bytes"] = cache.store_bytes(cache_dir)
+    return out
+
+
+def big_folder(root: Path, images: int) -> int:
+    """A folder of real-photo JPEGs at 1024 x 768: ``images`` of them; returns the decoded bytes."""
+    from make_photo_folder import sources
+    from PIL import Image
+
+    srcs = [Image.open(p).convert("RGB") for p in sources()]
+    total = 0
+    for i in range(images):
+        im = srcs[i % len(srcs)]
+        w, h = im.size
+        box = (i % 7 * w // 40, i % 5 * h // 40, w - i % 3 * w // 40, h - i % 4 * h // 40)
+        out = root / f"c{i % len(srcs)}"
+        out.mkdir(parents=True, exist_ok=True)
+        im.crop(box).resize((1024, 768), Image.BICUBIC).save(out / f"{i:05d}.jpg", quality=90)
+        total += 1024 * 768 * 3
+    return total
+
+
+# --- output -----------------------------------------------------------------------------------------
+
+
+def table(result: dict) -> str:
+    med = result["medians"]
+    cols = list(next(iter(med.values())))
+    lines = ["| pipeline | " + " | ".join(cols) + " | warm / stock | warm / decode-only | cold / off (epoch 1) "
+             "| off / stock |", "|---|" + "---|" * (len(cols) + 4)]
+    for name, v in med.items():
+        r = result["ratios"][name]
+        lines.append(f"| {name} | " + " | ".join(f"{v[c]:.0f}" for c in cols)
+                     + f" | {statistics.median(r['warm / stock']):.2f}x"
+                     + f" | {v['warm cache'] / result['decode_only']:.2f}x"
+                     + f" | {statistics.median(r['cold / off (epoch 1)']):.2f}x"
+                     + f" | {statistics.median(r['off / stock']):.2f}x |")
+    lines.append(f"\ndecode only (simplejpeg, one core): {result['decode_only']:.0f} images/s; {result['machine']}")
+    return "\n".join(lines)
+
+
+def chart(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    med = result["medians"]
+    names = list(med)
+    cols = list(next(iter(med.values())))
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    width = 0.8 / len(cols)
+    for i, c in enumerate(cols):
+        ax.bar([x + i * width for x in range(len(names))], [med[n][c] for n in names], width, label=c)
+    if result["workers"] == 0:
+        ax.axhline(result["decode_only"], color="k", ls="--", lw=1, label="decode only")
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(names))], names)
+    ax.set_ylabel("images / s through the DataLoader")
+    where = "one core" if result["workers"] == 0 else f"{result['workers']} workers"
+    ax.set_title(f"decoded-image cache, {where}\n{result['machine']}", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--per-class", type=int, default=40)
+    ap.add_argument("--workers", type=int, default=0, choices=[0, 2])
+    ap.add_argument("--only", nargs="*", default=["pets", "b", "c"], choices=list(PIPELINES))
+    ap.add_argument("--memory", action="store_true", help="measure worker memory over >= 1 GB decoded instead")
+    ap.add_argument("--memory-images", type=int, default=480)
+    ap.add_argument("--stem", default=None)
+    ap.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        side, name, root, epochs, cache_dir, workers = args.worker
+        print(json.dumps(worker(side, name, root, int(epochs), cache_dir, int(workers))))
+        return
+    from make_photo_folder import build
+
+    RESULTS.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        if args.memory:
+            decoded = big_folder(tmp / "big", args.memory_images)
+            result = {"machine": machine(), "decoded_bytes": decoded, "images": args.memory_images,
+                      **memory(str(tmp / "big"), tmp, args.epochs)}
+            stem = args.stem or "cache-memory"
+            (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2))
+            print(json.dumps(result, indent=2))
+            return
+        build(tmp / "photos", per_class=args.per_class)
+        root = str(tmp / "photos" / "train")
+        result = {"machine": machine(), "rounds": args.rounds, "epochs": args.epochs, "workers": args.workers,
+                  "pipelines": {n: PIPELINES[n] for n in args.only}, "decode_only": decode_only(root)}
+        result.update(measure(args.only, root, args.rounds, args.epochs, args.workers, tmp))
+    stem = args.stem or ("cache" if args.workers == 0 else f"cache-{args.workers}-workers")
+    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2))
+    chart(result, RESULTS / f"{stem}.png")
+    print(table(result))
+
+
+if __name__ == "__main__":
+    main()
