@@ -49,7 +49,8 @@ def every_colour() -> np.ndarray:
 
 def test_the_kernels_pass_their_check_here():
     native.reset()
-    assert all(v.startswith(f"native ({MOD.isa()}") for v in native.check_all().values()), native.state()
+    state = native.check_all()
+    assert all(v.startswith(f"native ({MOD.isa()}") for k, v in state.items() if k not in native.JPEG_KERNELS), state
     # The extension is imported from the installed package, never from a cache or another folder.
     assert Path(MOD.__file__).resolve().parent == (ROOT / "nano_patch" / "vision").resolve()
 
@@ -245,6 +246,8 @@ def sabotaged(tmp_path_factory):
 
 def test_a_sabotaged_build_is_refused_by_the_check(sabotaged):
     for name, check in native.CHECKS.items():
+        if name in native.JPEG_KERNELS:
+            continue  # another extension (test_crop_decode.py sabotages it)
         why = check(sabotaged)
         if name in ("resample", "grayscale", "saturation", "hue"):
             assert why and "differs" in why, (name, why)

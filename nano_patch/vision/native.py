@@ -9,6 +9,10 @@ ties, random colours, every filter, up and down, both pass orders). Where the ex
 installed PIL (pillow-simd rounds its resize weights and its grey conversion differently), the
 kernel raises :class:`NativeUnavailable` and the caller runs PIL's own code, exact and slower.
 
+Crop-region JPEG decoding (``crop_decode``) lives in a second, optional extension, ``_jpeg``, linked
+to the system's libjpeg-turbo: it is checked against simplejpeg's full decode (its reference) the same
+way, and where it is missing or refused the caller decodes the whole image and crops it.
+
 The functions here are pure: NumPy uint8 arrays (H x W x 3 RGB or H x W L, any row stride) in, new
 arrays out. ``NANO_PATCH_NATIVE_ISA`` (``generic``, ``avx2``, ``avx512``) narrows the instruction
 set the kernels use, for comparisons; by default they use the widest this CPU has.
@@ -16,6 +20,7 @@ set the kernels use, for comparisons; by default they use the widest this CPU ha
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 from collections.abc import Callable
@@ -32,7 +37,12 @@ KERNELS = {
     "blend": "ImageEnhance.Brightness and Contrast (blend with a constant grey)",
     "hue": "adjust_hue (PIL's HSV round trip)",
     "tables": "point tables and the uint8-to-tensor tail",
+    "crop_decode": "JPEG decoding of a crop window only (libjpeg-turbo), for crops drawn before decoding",
 }
+#: Kernels of the optional ``_jpeg`` extension (linked to libjpeg-turbo) rather than ``_native``.
+JPEG_KERNELS = ("crop_decode",)
+#: What runs instead of a kernel that is not used, where that is not PIL's own code.
+FALLBACKS = {"crop_decode": "the full decode"}
 NO_NATIVE_ENV = "NANO_PATCH_NO_NATIVE"
 ISA_ENV = "NANO_PATCH_NATIVE_ISA"
 
@@ -52,14 +62,27 @@ class NativeUnavailable(RuntimeError):
     """A native kernel cannot be used in this process; the message says why."""
 
 
+class JpegRegionError(ValueError):
+    """This JPEG cannot be region-decoded (damaged, truncated, CMYK, an unusual layout...): decode it whole.
+
+    The full decode then applies its own rules (libjpeg-turbo, or PIL for what that refuses), so pixels
+    and errors stay stock.
+    """
+
+
 _lock = threading.RLock()
 _module: ModuleType | None = None
 _module_error: str | None = None
 _verdicts: dict[str, str] = {}  # kernel -> "" (checked, exact) or why it is not used
+_passed: dict[str, ModuleType] = {}  # kernel -> the module that passed its check
 _arithmetic: dict[str, int] = {}  # kernel -> which PIL's arithmetic it matched (VARIANT_NAMES)
 _resample_variant = (1, 0)
 _grey_mode = 0
 _saturation_mode = 0
+_jpeg_module: ModuleType | None = None
+_jpeg_error: str | None = None
+_crop_multiscan = True  # progressive (and other multi-scan) JPEGs region-decoded: the check may say no
+_crop_note = ""  # what the crop-decode check left out, for state()
 
 
 def _import() -> ModuleType:
@@ -89,19 +112,44 @@ def _import() -> ModuleType:
     return _module
 
 
+def _import_jpeg() -> ModuleType:
+    """The ``_jpeg`` extension (crop decoding), or :class:`NativeUnavailable` saying why not."""
+    global _jpeg_module, _jpeg_error
+    if _jpeg_module is not None:
+        return _jpeg_module
+    if _jpeg_error is not None:
+        raise NativeUnavailable(_jpeg_error)
+    if os.environ.get(NO_NATIVE_ENV, "").strip() not in ("", "0"):
+        _jpeg_error = f"{NO_NATIVE_ENV} is set"
+        raise NativeUnavailable(_jpeg_error)
+    try:
+        _jpeg = importlib.import_module(f"{__package__}._jpeg")
+    except ModuleNotFoundError as exc:
+        _jpeg_error = ("nano-patch was installed without crop-region JPEG decoding (libjpeg-turbo's headers or "
+                       "library were missing at install time; on Debian/Ubuntu install libjpeg62-turbo-dev or "
+                       f"libjpeg-turbo8-dev, then reinstall): {exc}")
+        raise NativeUnavailable(_jpeg_error) from exc
+    except ImportError as exc:  # built, but its libjpeg cannot be loaded here
+        _jpeg_error = f"libjpeg-turbo could not be loaded: {exc}"
+        raise NativeUnavailable(_jpeg_error) from exc
+    _jpeg_module = _jpeg
+    return _jpeg_module
+
+
 def kernel(name: str) -> ModuleType:
     """The extension, once kernel ``name`` has passed its check here; else :class:`NativeUnavailable`."""
     verdict = _verdicts.get(name)
     if verdict == "":
-        assert _module is not None
-        return _module
+        return _passed[name]
     if verdict is not None:
         raise NativeUnavailable(verdict)
     with _lock:
         if name not in _verdicts:
             try:
-                mod = _import()
+                mod = _import_jpeg() if name in JPEG_KERNELS else _import()
                 why = CHECKS[name](mod)
+                if not why:
+                    _passed[name] = mod
             except NativeUnavailable as exc:
                 why = str(exc)
             except Exception as exc:  # noqa: BLE001 - a broken kernel must never break the image
@@ -119,17 +167,23 @@ def available(name: str) -> bool:
 
 
 def state() -> dict[str, str]:
-    """Per kernel: ``native (<isa>)``, ``not checked yet`` or ``PIL's code: <why>``. Checks nothing."""
+    """Per kernel: ``native (<isa>)`` (crop decoding: ``native (<libjpeg-turbo version>)``), ``not checked
+    yet``, or what runs instead and why (``PIL's code: <why>``, ``the full decode: <why>``). Checks nothing."""
     out = {}
     for name in KERNELS:
         verdict = _verdicts.get(name)
-        if verdict == "":
+        fallback = FALLBACKS.get(name, "PIL's code")
+        module_error = _jpeg_error if name in JPEG_KERNELS else _module_error
+        if verdict == "" and name in JPEG_KERNELS:
+            version = getattr(_passed.get(name), "LIBJPEG_VERSION", "?")
+            out[name] = f"native ({version}{'; ' + _crop_note if _crop_note else ''})"
+        elif verdict == "":
             which = f", {VARIANT_NAMES[_arithmetic[name]]}" if _arithmetic.get(name) else ""
             out[name] = f"native ({_module.isa() if _module is not None else '?'}{which})"
         elif verdict is not None:
-            out[name] = f"PIL's code: {verdict}"
-        elif _module_error is not None:
-            out[name] = f"PIL's code: {_module_error}"
+            out[name] = f"{fallback}: {verdict}"
+        elif module_error is not None:
+            out[name] = f"{fallback}: {module_error}"
         else:
             out[name] = "not checked yet"
     return out
@@ -144,10 +198,13 @@ def check_all() -> dict[str, str]:
 
 def reset() -> None:
     """Forget the checks and the loaded module, as in a new process (tests)."""
-    global _module, _module_error
+    global _module, _module_error, _jpeg_module, _jpeg_error, _crop_multiscan, _crop_note
     with _lock:
         _module, _module_error = None, None
+        _jpeg_module, _jpeg_error = None, None
+        _crop_multiscan, _crop_note = True, ""
         _verdicts.clear()
+        _passed.clear()
         _arithmetic.clear()
 
 
@@ -275,6 +332,40 @@ def pixels_lut(a: np.ndarray, table: np.ndarray) -> np.ndarray:
     out = np.empty(a.shape, dtype=table.dtype)
     mod.pixels_lut(a, table, out)
     return out
+
+
+def decode_jpeg_region(data: bytes, top: int, left: int, height: int, width: int, *,
+                       check_rest: bool = True) -> np.ndarray:
+    """The ``height`` x ``width`` window at (``top``, ``left``) of a JPEG, decoded to RGB: exactly
+    ``simplejpeg.decode_jpeg(data, colorspace="RGB")[top:top + height, left:left + width]`` (and so PIL's
+    ``Image.open(f).convert("RGB")`` cropped), without decoding the rest of the image to pixels. Call it
+    for the files the full decode sends to simplejpeg (``decode.jpeg_size(data)`` is not None), with a
+    window drawn from that size; it refuses some of those too (see below).
+
+    The result is a writable H x W x 3 uint8 view, like a slice of the full decode: its rows are
+    ``strides[0]`` bytes apart (more than ``3 * width``) in a private buffer a little larger than the
+    window, which it keeps alive. ``np.ascontiguousarray`` it where packed rows are needed.
+
+    ``check_rest`` (default): the rows below the window are entropy-decoded to the end-of-image marker
+    too, so that the call fails exactly where the strict full decode would (a truncated or corrupt file
+    fails even when the damage is outside the window). With ``check_rest=False`` the decode stops after
+    the window's rows: quicker, the same pixels, but damage below the window goes unnoticed.
+
+    Raises :class:`NativeUnavailable` where crop decoding is not usable in this process (not built,
+    switched off, refused by its check), :class:`JpegRegionError` (a ValueError) for a file it cannot
+    region-decode: damaged or truncated, not a JPEG, CMYK/YCCK/RGB colour, 12-bit, arithmetic-coded,
+    chroma sampling other than 4:4:4, 4:2:2, 4:2:0, 4:4:0, 4:1:1 and grey (what the check covers), or
+    progressive where the check refused those. In both cases decode the whole file instead. A plain
+    ValueError means a window that is empty or not inside the image (a caller's bug).
+    """
+    mod = kernel("crop_decode")
+    try:
+        buf, stride, oy, ox = mod.decode_region(data, top, left, height, width, check_rest=bool(check_rest),
+                                                allow_multiscan=_crop_multiscan)
+    except mod.Error as exc:
+        raise JpegRegionError(str(exc)) from None
+    block = np.frombuffer(buf, np.uint8).reshape(len(buf) // stride, stride // 3, 3)
+    return block[oy:oy + height, ox:ox + width]
 
 
 # --- the checks against the installed PIL ------------------------------------------------------
@@ -480,6 +571,109 @@ def check_tables(mod: ModuleType) -> str | None:
     return None
 
 
+#: The crop-decode probes: (label, height, width, how encoded). Odd sizes, every chroma sampling
+#: simplejpeg writes, grey, restart markers and progressive files (PIL's encoder).
+CROP_PROBES = (
+    ("4:2:0", 61, 47, "420"),
+    ("4:2:2", 33, 131, "422"),
+    ("4:4:0", 47, 61, "440"),
+    ("4:4:4", 17, 16, "444"),
+    ("4:1:1", 29, 70, "411"),
+    ("grey", 23, 37, "gray"),
+    ("4:2:0 1 x 1", 1, 1, "420"),
+    ("4:2:0 2 x 3", 2, 3, "420"),
+    ("4:2:2 1 x 19", 1, 19, "422"),
+    ("4:2:0 with restart markers", 40, 53, "restart"),
+    ("progressive 4:2:0", 45, 53, "progressive"),
+    ("progressive grey", 19, 35, "progressive-grey"),
+)
+#: iMCU (height, width) by encoding: the unit libjpeg crops and skips in.
+_IMCU = {"420": (16, 16), "422": (8, 16), "440": (16, 8), "444": (8, 8), "411": (8, 32), "gray": (8, 8),
+         "restart": (16, 16), "progressive": (16, 16), "progressive-grey": (8, 8)}
+
+
+def _crop_probe_jpeg(h: int, w: int, how: str, seed: int) -> bytes:
+    import io
+
+    import simplejpeg
+    from PIL import Image
+
+    # noise next to gradients: chroma changes from one sample to the next, so a wrong edge shows
+    rng = np.random.default_rng(seed)
+    a = probe_image(h, w, seed)
+    a = np.where(rng.random((h, w, 1)) < 0.5, a, rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).astype(np.uint8)
+    if how in ("420", "422", "440", "444", "411"):
+        return simplejpeg.encode_jpeg(a, 90, colorsubsampling=how)
+    if how == "gray":
+        return simplejpeg.encode_jpeg(np.ascontiguousarray(a[..., :1]), 90, colorspace="GRAY")
+    img = Image.fromarray(a)
+    out = io.BytesIO()
+    if how == "restart":
+        img.save(out, "JPEG", quality=90, subsampling=2, restart_marker_blocks=1)
+    elif how == "progressive":
+        img.save(out, "JPEG", quality=90, subsampling=2, progressive=True)
+    else:
+        img.convert("L").save(out, "JPEG", quality=90, progressive=True)
+    return out.getvalue()
+
+
+def crop_windows(h: int, w: int, imcu: tuple[int, int]) -> list[tuple[int, int, int, int]]:
+    """Windows (top, left, height, width) of an h x w image where a crop decode goes wrong if it can: left
+    and top edges at every offset of the first iMCU and on its far boundary, right and bottom edges at
+    every offset of the second, narrow windows (1 to 5 pixels), windows touching every edge, the whole image."""
+    mh, mw = imcu
+    out = {(0, 0, h, w), (0, 0, 1, 1), (h - 1, w - 1, 1, 1), (0, w - 1, 1, 1), (h - 1, 0, 1, 1),
+           (0, 0, 1, w), (h - 1, 0, 1, w), (0, 0, h, 1), (0, w - 1, h, 1)}
+    for r in range(mw + 1):
+        left = min(r, w - 1)
+        top = (3 * r) % h
+        out.add((top, left, min((h, 1, 2, 5)[r % 4], h - top), min((1, 2, 3, w)[r % 4], w - left)))
+        # wider than an iMCU, so that the decoded band ends at this right edge (narrower bands are widened)
+        right = min(mw + r + 1, w)
+        left = min(r % 5, right - 1)
+        out.add(((5 * r) % h, left, h - (5 * r) % h, right - left))
+    for r in range(mh + 1):
+        top = min(r, h - 1)
+        left = (5 * r) % w
+        out.add((top, left, min((1, 2, 3, h)[r % 4], h - top), w - left))
+        bottom = min(mh + r + 1, h)
+        top = max(0, bottom - 1 - r % 3)
+        out.add((top, (3 * r) % w, bottom - top, w - (3 * r) % w))
+    return sorted(out)
+
+
+def check_crop_decode(mod: ModuleType) -> str | None:
+    """None if region decodes of every probe (:data:`CROP_PROBES`, :func:`crop_windows`) equal simplejpeg's
+    full decode sliced. Progressive files that differ are left to the full decode, the rest still used."""
+    global _crop_multiscan, _crop_note
+    try:
+        import simplejpeg
+    except ImportError:
+        return "simplejpeg, the full decode it is checked against, is not installed"
+    multiscan_why = ""
+    for seed, (label, h, w, how) in enumerate(CROP_PROBES):
+        data = _crop_probe_jpeg(h, w, how, seed)
+        want = simplejpeg.decode_jpeg(data, colorspace="RGB")
+        for top, left, wh, ww in crop_windows(h, w, _IMCU[how]):
+            try:
+                buf, stride, oy, ox = mod.decode_region(data, top, left, wh, ww)
+            except mod.Error as exc:
+                why = f"it failed on a {label} JPEG: {exc}"
+            else:
+                got = np.frombuffer(buf, np.uint8).reshape(len(buf) // stride, stride // 3, 3)[oy:oy + wh, ox:ox + ww]
+                if np.array_equal(got, want[top:top + wh, left:left + ww]):
+                    continue
+                why = (f"it differs from the full decode on a {label} {h} x {w} JPEG "
+                       f"(window top {top}, left {left}, {wh} x {ww})")
+            if how.startswith("progressive"):
+                multiscan_why = why
+                break
+            return f"{mod.LIBJPEG_VERSION}'s crop decode is not exact: {why}"
+    _crop_multiscan = not multiscan_why
+    _crop_note = f"progressive files decoded whole: {multiscan_why}" if multiscan_why else ""
+    return None
+
+
 CHECKS: dict[str, Callable[[Any], str | None]] = {
     "resample": check_resample,
     "grayscale": check_grayscale,
@@ -487,4 +681,5 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
     "blend": check_blend,
     "hue": check_hue,
     "tables": check_tables,
+    "crop_decode": check_crop_decode,
 }
