@@ -513,3 +513,101 @@ def test_without_libjpeg_the_install_keeps_native_and_says_why(tmp_path):
                           timeout=240)
     assert skip.returncode == 0, skip.stderr
     assert "BUILT ['_native']" in skip.stdout and "NANO_PATCH_NO_JPEG is set" in skip.stdout, skip.stdout
+
+
+# --- through the dataset: a plan that starts with a crop decodes only its window ---------------------
+
+
+def _crop_first_pipelines():
+    from timm.data.transforms import RandomResizedCropAndInterpolation
+
+    return {
+        "RandomResizedCrop": lambda: T.Compose([T.RandomResizedCrop(96), T.RandomHorizontalFlip(), T.ToTensor()]),
+        "RandomCrop": lambda: T.Compose([T.RandomCrop(120), T.ColorJitter(0.3, 0.3, 0.3), T.PILToTensor()]),
+        "CenterCrop": lambda: T.Compose([T.CenterCrop(150), T.Resize(64), T.ToTensor()]),
+        "timm": lambda: T.Compose([RandomResizedCropAndInterpolation(80, interpolation="random"), T.ToTensor()]),
+    }
+
+
+def _dataset_run(folder, make):
+    import random
+
+    from torchvision.datasets import ImageFolder
+
+    ds = ImageFolder(str(folder), transform=make())
+    out = []
+    for i in range(len(ds)):
+        torch.manual_seed(i)
+        random.seed(i)
+        out.append(ds[i])
+    return out, torch.get_rng_state(), random.getstate()
+
+
+@needs_jpeg
+@pytest.mark.parametrize("name", list(_crop_first_pipelines()))
+def test_a_plan_that_starts_with_a_crop_decodes_only_the_window(image_folder, name, monkeypatch):
+    import nano_patch
+
+    make = _crop_first_pipelines()[name]
+    stock, stock_torch, stock_random = _dataset_run(image_folder, make)
+    windows = []
+    real = native.decode_jpeg_region
+    monkeypatch.setattr(native, "decode_jpeg_region", lambda *a, **k: windows.append(a[1:]) or real(*a, **k))
+    nano_patch.patch_torch()
+    got, got_torch, got_random = _dataset_run(image_folder, make)
+    assert len(windows) == len(stock)
+    for (a, ta), (b, tb) in zip(got, stock):
+        assert ta == tb and torch.equal(a, b) and a.stride() == b.stride()
+    assert torch.equal(got_torch, stock_torch) and got_random == stock_random
+
+
+def _make_folder(root, photos, damage):
+    (root / "c").mkdir(parents=True)
+    for i, im in enumerate(photos):
+        im.save(root / "c" / f"{i}.jpg", quality=90)
+    bad = root / "c" / "1.jpg"
+    data = bad.read_bytes()
+    if damage == "truncated":
+        bad.write_bytes(data[: len(data) * 2 // 3])
+    elif damage == "cmyk":
+        photos[1].convert("CMYK").save(bad, format="JPEG")
+    elif damage == "png":
+        photos[1].save(bad, format="PNG")
+    return bad
+
+
+@needs_jpeg
+@pytest.mark.parametrize("damage", ["truncated", "truncated, LOAD_TRUNCATED_IMAGES", "cmyk", "png"])
+def test_files_the_window_decode_refuses_are_stock(tmp_path, photos, damage, monkeypatch):
+    """What the crop decode cannot take goes to the full decode: stock's pixels, or stock's error with the
+    random state as stock leaves it (stock fails before its draws)."""
+    from PIL import ImageFile
+    from torchvision.datasets import ImageFolder
+
+    import nano_patch
+
+    _make_folder(tmp_path, photos, damage.split(",")[0])
+    if "LOAD_TRUNCATED" in damage:
+        monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", True)
+    make = _crop_first_pipelines()["RandomResizedCrop"]
+
+    def run():
+        ds = ImageFolder(str(tmp_path), transform=make())
+        out = []
+        for i in range(len(ds)):
+            torch.manual_seed(i)
+            try:
+                out.append(ds[i][0])
+            except Exception as exc:  # noqa: BLE001 - compared with stock's
+                out.append(type(exc))
+            out.append(torch.get_rng_state())
+        return out
+
+    stock = run()
+    nano_patch.patch_torch()
+    got = run()
+    assert len(got) == len(stock)
+    for a, b in zip(got, stock):
+        assert (a is b) if isinstance(b, type) else torch.equal(a, b)
+    if damage == "truncated":
+        assert any(isinstance(b, type) for b in stock)  # the case really fails in stock

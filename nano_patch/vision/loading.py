@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import time
 from typing import Any
 
 import numpy as np
 
 from .. import report
-from . import cache, decode, pipeline
+from . import cache, decode, native, pipeline, plan
 from . import functional as K
 from .image import FastImage, plain
 
@@ -108,9 +109,35 @@ def load_transformed(path: str | os.PathLike[str], transform: Any, dataset: Any 
     if transform is not None and pipeline.behaves_as(transform, Compose):
         if a is not None:
             return plain(pipeline.run_compose(transform, FastImage.wrap(a)))
-        arr, done = _decode_with_first_resize(path, transform.transforms)
+        data = None
+        if plan.plan_for(transform).crop_first and native.available("crop_decode"):
+            data = decode.read_bytes(path)
+            size = decode.jpeg_size(data)
+            if size is not None:
+                return plain(_run_deferred(transform, plan.JpegPixels(data, size, path)))
+        arr, done = _decode_with_first_resize(path, transform.transforms, data)
         return plain(pipeline.run_compose(transform, FastImage.wrap(arr), skip=done))
     return transform_decoded(decode.decode_rgb(path) if a is None else a, transform)
+
+
+def _run_deferred(transform: Any, px: plan.JpegPixels) -> Any:
+    """Run the plan on a JPEG decoded only where its first crop lands (crop-region decode).
+
+    Stock decodes before it draws; here the first crop is drawn from the header's size, then decoded.
+    If the file turns out not to decode, the random state is put back as it was, and stock's error is
+    raised, so that a caller that skips bad files (timm's datasets do) draws as stock would.
+    """
+    import torch
+
+    torch_state = torch.get_rng_state()
+    python_state = random.getstate() if plan.draws_from_python(transform) else None
+    try:
+        return pipeline.run_compose(transform, px)
+    except plan.DecodeFailed as failed:
+        torch.set_rng_state(torch_state)
+        if python_state is not None:
+            random.setstate(python_state)
+        raise failed.error from None
 
 
 def load_native_transformed(path: str | os.PathLike[str], transform: Any, dataset: Any = None) -> Any:
@@ -135,7 +162,8 @@ def transform_decoded(arr: np.ndarray, transform: Any) -> Any:
     return plain(img if transform is None else transform(img))
 
 
-def _decode_with_first_resize(path: str | os.PathLike[str], transforms: list[Any]) -> tuple[np.ndarray, int]:
+def _decode_with_first_resize(path: str | os.PathLike[str], transforms: list[Any],
+                              data: bytes | None = None) -> tuple[np.ndarray, int]:
     """Decode; with ``scaled_decode`` on and a first plain ``Resize`` far below the JPEG's size, fuse them.
 
     Returns the image and how many leading ``transforms`` it already applied: 1 when the Resize was
@@ -153,8 +181,8 @@ def _decode_with_first_resize(path: str | os.PathLike[str], transforms: list[Any
         or type(first) is not Resize
         or first.interpolation not in (InterpolationMode.BILINEAR, InterpolationMode.BICUBIC)
     ):
-        return decode.decode_rgb(path), 0
-    data = decode.read_bytes(path)
+        return decode.decode_rgb(path, data=data), 0
+    data = decode.read_bytes(path) if data is None else data
     size = decode.jpeg_size(data)
     if size is None:
         return decode.decode_rgb(path, data=data), 0

@@ -73,6 +73,7 @@ def takes(img: Any) -> bool:
 
 
 def run_compose(compose: Any, img: Any, *, skip: int = 0) -> Any:
-    """Run ``compose`` on ``img`` by its plan; ``skip``: leading steps already applied."""
+    """Run ``compose`` on ``img`` (a PIL image, or the plan's ``Pixels``) by its plan; ``skip``: leading
+    steps already applied."""
     uint8 = bool(_uint8_out) and compose in _uint8_out and tensor_tail(compose) is not None
     return plan.run(compose, img, skip=skip, uint8_tail=uint8)

@@ -131,6 +131,88 @@ class Pixels:
         return FastImage.wrap(self.array(), self.info)
 
 
+class DecodeFailed(Exception):
+    """The deferred decode of a :class:`JpegPixels` failed: ``error`` is what the full decode raised."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class JpegPixels(Pixels):
+    """The pixels of a JPEG not decoded yet: its size comes from the header, so a first crop can be drawn
+    (stock's own ``get_params`` on the size) and then only that window is decoded (``crop_decode``).
+
+    Anything else that needs the pixels decodes the whole file, as :func:`decode.decode_rgb` would.
+    Either way the pixels are those of the full decode; a decode that fails raises :class:`DecodeFailed`
+    so that the caller can put the random state back and raise stock's error, as stock (which decodes
+    before it draws) would.
+    """
+
+    __slots__ = ("data", "path", "shape")
+
+    def __init__(self, data: bytes, shape: tuple[int, int], path: Any) -> None:
+        self.data, self.shape, self.path = data, shape, path
+        self.resize = self.window = None
+        self.flip = False
+        self.info = {}
+        self.owned = False
+
+    @property  # type: ignore[override]
+    def base(self) -> np.ndarray:
+        try:
+            return Pixels.base.__get__(self)  # type: ignore[attr-defined]
+        except AttributeError:
+            pass
+        from . import decode
+
+        try:
+            a = decode.decode_rgb(self.path, data=self.data)
+        except Exception as exc:  # noqa: BLE001 - stock's own error, raised again by the caller
+            raise DecodeFailed(exc) from exc
+        Pixels.base.__set__(self, a)  # type: ignore[attr-defined]
+        self.owned = True
+        return a
+
+    @base.setter
+    def base(self, value: np.ndarray) -> None:
+        Pixels.base.__set__(self, value)  # type: ignore[attr-defined]
+
+    def _decoded(self) -> bool:
+        try:
+            Pixels.base.__get__(self)  # type: ignore[attr-defined]
+        except AttributeError:
+            return False
+        return True
+
+    @property
+    def hw(self) -> tuple[int, int]:
+        if self.resize is None and self.window is None and not self._decoded():
+            return self.shape
+        return Pixels.hw.fget(self)  # type: ignore[attr-defined]
+
+    @property
+    def mode(self) -> str:
+        return "RGB"
+
+    def crop(self, top: int, left: int, height: int, width: int) -> None:
+        h, w = self.shape
+        if (not self._decoded() and self.resize is None and not self.flip and top >= 0 and left >= 0
+                and height > 0 and width > 0 and top + height <= h and left + width <= w):
+            from . import native
+
+            try:
+                region = native.decode_jpeg_region(self.data, top, left, height, width)
+            except (native.NativeUnavailable, native.JpegRegionError):
+                pass  # the whole file, as without crop decoding: its own rules, its own errors
+            else:
+                self.base, self.owned = region, True
+                if report.stats is not None:
+                    report.stats.count("vision_datasets", True, "JPEG window decoded by libjpeg-turbo (crop region)")
+                return
+        super().crop(top, left, height, width)
+
+
 # --- runners: (transform, pixels) -> None, pixels changed in place -------------------------------
 
 _F: Any = None  # torchvision.transforms.functional, set by configure()
@@ -456,6 +538,11 @@ class Plan:
                 if tail is not None:
                     self.tails[i] = tail
 
+    @property
+    def crop_first(self) -> bool:
+        """The first transform is a crop drawn from the image size alone: a JPEG need only decode its window."""
+        return bool(self.runners) and 0 not in self.tails and self.runners[0] in _CROPS
+
     def matches(self, items: list[Any]) -> bool:
         return len(items) == len(self.items) and all(a is b for a, b in zip(items, self.items))
 
@@ -470,6 +557,14 @@ class Plan:
 
 
 _plans: weakref.WeakKeyDictionary[Any, Plan] = weakref.WeakKeyDictionary()
+#: Runners whose first act is a crop of a window drawn from the size (after checks made before any draw).
+_CROPS = (_run_random_resized_crop, _run_timm_random_resized_crop, _run_random_crop, _run_center_crop)
+
+
+def draws_from_python(compose: Any) -> bool:
+    """The plan's first step draws from Python's ``random`` (timm's crops), not only from torch."""
+    p = plan_for(compose)
+    return bool(p.runners) and p.runners[0] is _run_timm_random_resized_crop
 
 
 def plan_for(compose: Any) -> Plan:
@@ -497,18 +592,19 @@ def _tensor_from(px: Pixels, tail: Tail, uint8: bool) -> Any:
     return K.pixels_through_tables(a, table)  # after PILToTensor stock keeps the channels-last strides
 
 
-def run(compose: Any, img: Image.Image, *, skip: int = 0, uint8_tail: bool = False) -> Any:
+def run(compose: Any, img: Image.Image | Pixels, *, skip: int = 0, uint8_tail: bool = False) -> Any:
     """Apply ``compose`` (after its first ``skip`` transforms) to the PIL ``RGB``/``L`` image ``img``.
 
     ``uint8_tail``: the Compose ends in ``ToTensor [+ Normalize]`` and a DataLoader worker wants a
     uint8 C x H x W tensor in its place. A ``FastImage`` in gives a ``FastImage`` out; a plain PIL
-    image gives a plain PIL image; a tail gives stock's tensor.
+    image gives a plain PIL image; a tail gives stock's tensor. ``img`` may also be :class:`Pixels`
+    (a :class:`JpegPixels` not decoded yet): an image result is then a ``FastImage``.
     """
     plan = plan_for(compose)
     items = plan.items
     stats = report.stats
-    fast_in = isinstance(img, FastImage)
-    x: Any = Pixels.of(img)
+    fast_in = isinstance(img, (FastImage, Pixels))
+    x: Any = img if isinstance(img, Pixels) else Pixels.of(img)
     i = skip
     n = len(items)
     while i < n:
