@@ -8,6 +8,7 @@ from ..registry import Patch
 def all_patches() -> list[Patch]:
     from .dataloader import DataLoaderPatch
     from .lightning_trainer import LightningTrainerPatch
+    from .timm_datasets import TimmDatasetsPatch
     from .vision_datasets import VisionDatasetsPatch
     from .vision_transforms import VisionTransformsPatch
     from .vision_transforms_v2 import VisionTransformsV2Patch
@@ -16,6 +17,7 @@ def all_patches() -> list[Patch]:
         VisionTransformsPatch(),
         VisionTransformsV2Patch(),
         VisionDatasetsPatch(),
+        TimmDatasetsPatch(),
         DataLoaderPatch(),
         LightningTrainerPatch("pytorch_lightning"),
         LightningTrainerPatch("lightning.pytorch"),

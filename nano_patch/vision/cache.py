@@ -706,8 +706,9 @@ def _is_main_process() -> bool:
 #: How to list a dataset's image files, for the datasets the patch decodes for.
 def dataset_files(dataset: Any) -> list[str]:
     dataset = _root(dataset)
-    for attr in ("samples", "_samples"):
-        items = getattr(dataset, attr, None)
+    reader = getattr(dataset, "reader", None)  # timm's ImageDataset keeps its files in its reader
+    for owner, attr in ((dataset, "samples"), (dataset, "_samples"), (reader, "samples")):
+        items = getattr(owner, attr, None)
         if isinstance(items, list) and items and isinstance(items[0], tuple):
             return [os.fspath(p) for p, *_ in items]
     for attr in ("_image_files", "_images"):

@@ -96,31 +96,58 @@ def default_loader(path: str | os.PathLike[str]) -> Any:
     return load_pil(path)
 
 
-def load_transformed(path: str | os.PathLike[str], transform: Any, dataset: Any = None) -> Any:
+class LoadFailed(Exception):
+    """The file could not be read or decoded: ``error`` is what stock's own loader raised (or would have)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def load_transformed(path: str | os.PathLike[str], transform: Any, dataset: Any = None, *,
+                     wrap_load_errors: bool = False) -> Any:
     """Decode ``path`` and apply ``transform`` the way a stock dataset would after ``pil_loader``.
 
     The decoded image travels as a ``FastImage``; an image result comes out as a plain PIL image.
     ``dataset``: the dataset the file belongs to (it decides whether the decoded-image cache is used).
+    ``wrap_load_errors``: a failure to read or decode the file raises :class:`LoadFailed` around
+    stock's error, so that a caller can tell it from an error of the transform (timm's datasets skip
+    files they cannot load, and only those).
     """
     from torchvision.transforms import Compose
 
+    compose = transform if transform is not None and pipeline.behaves_as(transform, Compose) else None
+    try:
+        a, done, deferred = _load(path, compose, dataset)
+    except Exception as exc:
+        if wrap_load_errors:
+            raise LoadFailed(exc) from exc
+        raise
+    if compose is None:
+        return transform_decoded(a, transform)
+    if deferred is not None:
+        return plain(_run_deferred(compose, deferred, wrap_load_errors))
+    return plain(pipeline.run_compose(compose, FastImage.wrap(a), skip=done))
+
+
+def _load(path: str | os.PathLike[str], compose: Any, dataset: Any) -> tuple[Any, int, plan.JpegPixels | None]:
+    """The image for ``compose``: (array, leading steps it already applied, None), or (None, 0, pixels not
+    decoded yet) when the plan starts with a crop and a JPEG need only decode its window."""
     store = cache.store_for(dataset)
     a = cached(store, path) if store is not None else None
-    if transform is not None and pipeline.behaves_as(transform, Compose):
-        if a is not None:
-            return plain(pipeline.run_compose(transform, FastImage.wrap(a)))
-        data = None
-        if plan.plan_for(transform).crop_first and native.available("crop_decode"):
-            data = decode.read_bytes(path)
-            size = decode.jpeg_size(data)
-            if size is not None:
-                return plain(_run_deferred(transform, plan.JpegPixels(data, size, path)))
-        arr, done = _decode_with_first_resize(path, transform.transforms, data)
-        return plain(pipeline.run_compose(transform, FastImage.wrap(arr), skip=done))
-    return transform_decoded(decode.decode_rgb(path) if a is None else a, transform)
+    if a is not None or compose is None:
+        return (decode.decode_rgb(path) if a is None else a), 0, None
+    data = None
+    if plan.plan_for(compose).crop_first and native.available("crop_decode"):
+        data = decode.read_bytes(path)
+        size = decode.jpeg_size(data)
+        if size is not None:
+            return None, 0, plan.JpegPixels(data, size, path)
+    arr, done = _decode_with_first_resize(path, compose.transforms, data)
+    return arr, done, None
 
 
-def _run_deferred(transform: Any, px: plan.JpegPixels) -> Any:
+def _run_deferred(compose: Any, px: plan.JpegPixels, wrap_load_errors: bool) -> Any:
     """Run the plan on a JPEG decoded only where its first crop lands (crop-region decode).
 
     Stock decodes before it draws; here the first crop is drawn from the header's size, then decoded.
@@ -130,13 +157,15 @@ def _run_deferred(transform: Any, px: plan.JpegPixels) -> Any:
     import torch
 
     torch_state = torch.get_rng_state()
-    python_state = random.getstate() if plan.draws_from_python(transform) else None
+    python_state = random.getstate() if plan.draws_from_python(compose) else None
     try:
-        return pipeline.run_compose(transform, px)
+        return pipeline.run_compose(compose, px)
     except plan.DecodeFailed as failed:
         torch.set_rng_state(torch_state)
         if python_state is not None:
             random.setstate(python_state)
+        if wrap_load_errors:
+            raise LoadFailed(failed.error) from failed.error
         raise failed.error from None
 
 

@@ -412,7 +412,8 @@ _RUNNERS: dict[str, Callable[[Any, Pixels], Any]] = {
 }
 #: Classes of other libraries the plan knows, recorded the first time a plan meets them:
 #: (module, name). timm's transforms call torchvision's functional kernels with its own draws.
-_OTHERS = {("timm.data.transforms", "RandomResizedCropAndInterpolation"), ("timm.data.transforms", "MaybeToTensor")}
+_OTHERS = {("timm.data.transforms", "RandomResizedCropAndInterpolation"), ("timm.data.transforms", "MaybeToTensor"),
+           ("timm.data.transforms", "MaybePILToTensor")}
 #: The methods a known class must still have (stock's), or its instances run stock code.
 _STOCK_METHODS: dict[type, dict[str, Any]] = {}
 _CLASSES: dict[str, type] = {}
@@ -509,7 +510,7 @@ def _find_tail(items: list[Any], i: int) -> Tail | None:
     if _is_stock(items[i], "ToTensor") or _is_stock(items[i], "MaybeToTensor"):
         n = 2 if i + 1 < len(items) and _is_stock(items[i + 1], "Normalize") else 1
         return Tail(items[i:i + n])
-    if _is_stock(items[i], "PILToTensor"):
+    if _is_stock(items[i], "PILToTensor") or _is_stock(items[i], "MaybePILToTensor"):
         n = 1
         if i + 1 < len(items) and _is_stock(items[i + 1], "ConvertImageDtype"):
             n = 2

@@ -1,0 +1,90 @@
+"""Patch timm's ``ImageDataset`` in place: its images decode through the same path as torchvision's.
+
+timm's ``ImageDataset`` asks its reader for an open file and decodes it with
+``Image.open(f).convert(input_img_mode)`` itself, so the torchvision loader patch never sees it. For
+the stock folder reader (``ReaderImageFolder``) and RGB images, ``__getitem__`` here takes the path
+from the reader and hands it to the same loading path as torchvision's datasets: libjpeg-turbo, the
+decoded-image cache, crop-region decode, and the transform's plan. timm's own behaviour is kept:
+a file that cannot be opened or decoded is skipped with timm's warning and the next index is
+tried, up to the dataset's retry limit; errors of the transform itself are raised. Any other reader
+(tar, Hugging Face, webdataset...), ``load_bytes``, another ``input_img_mode``, or a subclass that
+overrides ``__getitem__`` runs timm's own code.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any, ClassVar
+
+from .. import report
+from ..config import Options
+from ..registry import Patch
+
+
+class TimmDatasetsPatch(Patch):
+    name: ClassVar[str] = "timm_datasets"
+    group: ClassVar[str] = "vision"
+    target: ClassVar[str] = "timm.data"
+    requires: ClassVar[dict[str, str]] = {"timm": ">=1.0,<2", "torchvision": ">=0.19,<0.30", "simplejpeg": ">=1.6,<2"}
+
+    def check_internals(self, module: ModuleType) -> str | None:
+        import importlib
+
+        try:
+            dataset = importlib.import_module("timm.data.dataset")
+            folder = importlib.import_module("timm.data.readers.reader_image_folder")
+        except ImportError as exc:
+            return f"timm internals changed: {exc}"
+        cls = getattr(dataset, "ImageDataset", None)
+        if not isinstance(cls, type) or "__getitem__" not in vars(cls):
+            return "timm internals changed: no timm.data.dataset.ImageDataset.__getitem__"
+        if not isinstance(getattr(folder, "ReaderImageFolder", None), type):
+            return "timm internals changed: no ReaderImageFolder"
+        return None
+
+    def _apply(self, module: ModuleType, options: Options) -> None:
+        from timm.data import dataset
+        from timm.data.readers.reader_image_folder import ReaderImageFolder
+
+        self.record.wrap(dataset.ImageDataset, "__getitem__", _getitem(ReaderImageFolder, vars(ReaderImageFolder)))
+
+
+def _getitem(reader_cls: type, reader_methods: dict[str, Any]) -> Callable[..., Any]:
+    from ..vision import loading
+
+    stock_getitem = reader_methods["__getitem__"]
+    log = logging.getLogger("timm.data.dataset")  # timm's own logger, for timm's own warning
+
+    def getitem(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        reader = getattr(instance, "reader", None)
+        if (len(args) != 1 or kwargs or type(reader) is not reader_cls or vars(reader_cls).get("__getitem__")
+                is not stock_getitem or getattr(instance, "load_bytes", True)
+                or getattr(instance, "input_img_mode", None) != "RGB"):
+            return wrapped(*args, **kwargs)
+        index = args[0]
+        stats = report.stats
+        start = time.perf_counter() if stats is not None else 0.0
+        for _ in range(instance._max_retries):
+            path, target = reader.samples[index]
+            try:
+                img = loading.load_transformed(path, instance.transform, instance, wrap_load_errors=True)
+                break
+            except loading.LoadFailed as failed:
+                if not isinstance(failed.error, OSError):  # timm catches IOError/OSError only
+                    raise failed.error from None
+                log.warning(f"Skipped sample (index {index}). {failed.error}")
+                index = (index + 1) % len(reader)
+        else:
+            raise RuntimeError(f"Failed to load {instance._max_retries} consecutive samples")
+        if stats is not None:
+            stats.add_seconds("load", time.perf_counter() - start)
+        if target is None:
+            target = -1
+        elif instance.target_transform is not None:
+            target = instance.target_transform(target)
+        return img, target
+
+    return getitem

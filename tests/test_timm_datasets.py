@@ -1,0 +1,145 @@
+"""timm's ImageDataset decodes through the patch: same samples, same draws, same skipping of bad files."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import numpy as np
+import pytest
+import torch
+
+import nano_patch
+from nano_patch.vision import decode
+
+timm_data = pytest.importorskip("timm.data")
+
+
+def _states():
+    return torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy()
+
+
+def _same_states(a, b) -> bool:
+    return torch.equal(a[0], b[0]) and a[1] == b[1] and np.array_equal(a[2], b[2])
+
+
+def _run(root, **tf_kwargs):
+    from timm.data import ImageDataset, create_transform
+
+    tf = create_transform(**tf_kwargs) if tf_kwargs else None
+    ds = ImageDataset(str(root), transform=tf)
+    out = []
+    for i in range(len(ds)):
+        torch.manual_seed(i)
+        random.seed(i)
+        np.random.seed(i)
+        out.append(ds[i])
+    return out, _states()
+
+
+def _assert_same(got, want):
+    (items, states), (stock_items, stock_states) = got, want
+    assert len(items) == len(stock_items)
+    for (a, ta), (b, tb) in zip(items, stock_items):
+        assert ta == tb and type(a) is type(b)
+        if isinstance(b, torch.Tensor):
+            assert a.dtype == b.dtype and a.stride() == b.stride() and torch.equal(a, b)
+        else:
+            assert a.mode == b.mode and np.array_equal(np.asarray(a), np.asarray(b))
+    assert _same_states(states, stock_states)
+
+
+TRANSFORMS = {
+    "train, RandAugment + RandomErasing": dict(input_size=160, is_training=True, auto_augment="rand-m9-mstd0.5",
+                                               re_prob=0.25),
+    "train": dict(input_size=160, is_training=True),
+    "eval": dict(input_size=160),
+    "prefetcher (MaybePILToTensor)": dict(input_size=160, is_training=True, use_prefetcher=True),
+    "no transform": {},
+}
+
+
+@pytest.mark.parametrize("name", list(TRANSFORMS))
+def test_image_dataset_equals_stock_and_decodes_through_the_patch(image_folder, name, monkeypatch):
+    from nano_patch.vision import native
+
+    stock = _run(image_folder, **TRANSFORMS[name])
+    seen = []
+    real = decode.decode_rgb_reproducibly
+    monkeypatch.setattr(decode, "decode_rgb_reproducibly", lambda p, *a, **k: seen.append(p) or real(p, *a, **k))
+    window = native.decode_jpeg_region
+    monkeypatch.setattr(native, "decode_jpeg_region", lambda *a, **k: seen.append(a[1:]) or window(*a, **k))
+    nano_patch.patch_torch()
+    got = _run(image_folder, **TRANSFORMS[name])
+    _assert_same(got, stock)
+    assert len(seen) == len(got[0])  # every file through the patch's decoders: whole, or the crop's window
+
+
+def test_maybe_pil_to_tensor_is_a_tail_of_the_plan():
+    from timm.data import create_transform
+
+    from nano_patch.vision import plan
+
+    nano_patch.patch_torch()
+    tf = create_transform(input_size=160, is_training=True, use_prefetcher=True)
+    described = plan.plan_for(tf).describe()
+    assert described[-1] == "MaybePILToTensor: tail", described
+    assert all(not d.endswith("stock") for d in described), described
+
+
+@pytest.mark.parametrize("mode", ["bad file skipped", "too many bad files"])
+def test_unreadable_files_are_skipped_as_timm_skips_them(tmp_path, photos, caplog, mode):
+    """timm catches OSError while loading, warns, and takes the next index (up to its retry limit)."""
+    (tmp_path / "c").mkdir()
+    for i, im in enumerate(photos):
+        im.save(tmp_path / "c" / f"{i}.jpg", quality=90)
+    data = (tmp_path / "c" / "1.jpg").read_bytes()
+    (tmp_path / "c" / "1.jpg").write_bytes(data[: len(data) // 2])
+    kwargs = dict(input_size=128, is_training=True)
+
+    def run():
+        from timm.data import ImageDataset, create_transform
+
+        ds = ImageDataset(str(tmp_path), transform=create_transform(**kwargs))
+        if mode == "too many bad files":
+            ds._max_retries = 1
+        out = []
+        for i in range(len(ds)):
+            torch.manual_seed(i)
+            random.seed(i)
+            try:
+                out.append(ds[i][0])
+            except RuntimeError as exc:
+                out.append(str(exc))
+            out.append(torch.get_rng_state())
+            out.append(random.getstate())
+        return out
+
+    with caplog.at_level(logging.WARNING, logger="timm.data.dataset"):
+        stock = run()
+    stock_warnings = [r.getMessage().split(".")[0] for r in caplog.records]
+    caplog.clear()
+    nano_patch.patch_torch()
+    with caplog.at_level(logging.WARNING, logger="timm.data.dataset"):
+        got = run()
+    assert [r.getMessage().split(".")[0] for r in caplog.records] == stock_warnings == ["Skipped sample (index 1)"]
+    for a, b in zip(got, stock):
+        assert a == b if isinstance(b, (str, tuple)) else torch.equal(a, b)
+    if mode == "too many bad files":
+        assert "Failed to load 1 consecutive samples" in stock
+
+
+def test_other_readers_and_modes_run_timm_code(image_folder, monkeypatch):
+    from timm.data import ImageDataset
+
+    calls = []
+    real = decode.decode_rgb_reproducibly
+    monkeypatch.setattr(decode, "decode_rgb_reproducibly", lambda p, *a, **k: calls.append(p) or real(p, *a, **k))
+    stock = [ImageDataset(str(image_folder), input_img_mode="L")[i][0] for i in range(3)]
+    raw = [ImageDataset(str(image_folder), load_bytes=True)[i][0] for i in range(3)]
+    nano_patch.patch_torch()
+    got = [ImageDataset(str(image_folder), input_img_mode="L")[i][0] for i in range(3)]
+    got_raw = [ImageDataset(str(image_folder), load_bytes=True)[i][0] for i in range(3)]
+    assert calls == []
+    assert all(a.mode == "L" and np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(got, stock))
+    assert got_raw == raw
