@@ -21,6 +21,7 @@ tables being stock's own arithmetic run once on the 256 values.
 from __future__ import annotations
 
 import contextlib
+import math
 import numbers
 import random
 import time
@@ -397,6 +398,133 @@ def _run_random_grayscale(t: Any, px: Pixels) -> None:
         _grey(px, channels)
 
 
+# --- the augmentation policies: stock's draws, in stock's order; each op a kernel on the array ---------
+
+#: Methods a policy class must still have (stock's) to be planned, besides forward/__call__/get_params.
+_POLICY_METHODS = ("_augmentation_space",)
+#: Per policy class and arguments of ``_augmentation_space``: [(op name, magnitudes as floats or None,
+#: signed)] in stock's order. ``_augmentation_space`` is a pure function of its arguments (linspaces),
+#: so its floats are computed once, with stock's own code, instead of per image.
+_spaces: dict[tuple[Any, ...], list[tuple[str, list[float] | None, bool]]] = {}
+
+
+def _space(t: Any, *args: Any) -> list[tuple[str, list[float] | None, bool]]:
+    key = (type(t), *args)
+    space = _spaces.get(key)
+    if space is None:
+        space = [(name, m.tolist() if m.ndim > 0 else None, bool(signed))
+                 for name, (m, signed) in t._augmentation_space(*args).items()]
+        _spaces[key] = space
+    return space
+
+
+def _warp_filter(interpolation: Any) -> int:
+    """PIL's filter number for a policy's ``interpolation``, as ``F.affine``/``F.rotate`` map it."""
+    mode = interpolation
+    if isinstance(mode, int) and not isinstance(mode, bool):
+        mode = _F._interpolation_modes_from_int(mode)
+    elif not isinstance(mode, _F.InterpolationMode):
+        raise UseStock
+    return int(_F.pil_modes_mapping[mode])
+
+
+def _policy_op(px: Pixels, name: str, magnitude: float, interpolation: Any, fill: Any) -> Pixels:
+    """torchvision's ``autoaugment._apply_op`` on PIL input, with the kernels; stock's own ``_apply_op`` on
+    the image for anything the kernels leave to stock."""
+    try:
+        return _policy_kernel(px, name, magnitude, interpolation, fill)
+    except Exception:  # noqa: BLE001 - a kernel raises before it changes ``px``: stock's op decides
+        pass
+    from torchvision.transforms import autoaugment
+
+    result = autoaugment._apply_op(px.image(), name, magnitude, interpolation=interpolation, fill=fill)
+    if isinstance(result, Image.Image) and result.mode in ("RGB", "L"):
+        return Pixels.of(result)
+    raise _Left(result)
+
+
+def _affine_matrix(px: Pixels, angle: float, translate: list[Any], shear: list[float],
+                   center: list[float] | None) -> list[float]:
+    h, w = px.hw
+    return _F._get_inverse_affine_matrix(center if center is not None else [w * 0.5, h * 0.5], angle,
+                                         translate, 1.0, shear)
+
+
+def _policy_kernel(px: Pixels, name: str, magnitude: float, interpolation: Any, fill: Any) -> Pixels:
+    if name in _GEOMETRY:
+        f = _warp_filter(interpolation)
+        if name == "Rotate":
+            out = K.rotate(px.array(), magnitude, f, False, None, fill)
+        else:
+            if name == "ShearX":
+                matrix = _affine_matrix(px, 0.0, [0, 0], [math.degrees(math.atan(magnitude)), 0.0], [0, 0])
+            elif name == "ShearY":
+                matrix = _affine_matrix(px, 0.0, [0, 0], [0.0, math.degrees(math.atan(magnitude))], [0, 0])
+            elif name == "TranslateX":
+                matrix = _affine_matrix(px, 0.0, [int(magnitude), 0], [0.0, 0.0], None)
+            else:
+                matrix = _affine_matrix(px, 0.0, [0, int(magnitude)], [0.0, 0.0], None)
+            out = K.affine(px.array(), matrix, f, fill)
+        px.base, px.owned = out, True
+        return px
+    if name in _POLICY_COLOUR:
+        if 1.0 + magnitude < 0:
+            raise UseStock  # stock's own ValueError
+        return _colour(px, _POLICY_COLOUR[name], 1.0 + magnitude)
+    if name == "Identity":
+        return px
+    kernel = _POLICY_POINT[name]
+    a = px.unflipped()
+    if name == "Posterize":
+        out = kernel(a, int(magnitude))
+    else:
+        out = kernel(a, magnitude) if name == "Solarize" else kernel(a)
+    if out is not a:
+        px.base, px.owned = out, True
+    return px
+
+
+_GEOMETRY = frozenset({"ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate"})
+_POLICY_COLOUR = {"Brightness": _JITTER[0], "Contrast": _JITTER[1], "Color": _JITTER[2]}
+_POLICY_POINT: dict[str, Callable[..., np.ndarray]] = {
+    "Posterize": K.posterize, "Solarize": K.solarize, "AutoContrast": K.autocontrast, "Equalize": K.equalize,
+    "Invert": K.invert}
+
+
+def _run_auto_augment(t: Any, px: Pixels) -> Pixels:
+    transform_id, probs, signs = t.get_params(len(t.policies))
+    space = dict((n, (m, s)) for n, m, s in _space(t, 10, px.hw))
+    for i, (name, p, magnitude_id) in enumerate(t.policies[transform_id]):
+        if probs[i] <= p:
+            magnitudes, signed = space[name]
+            magnitude = float(magnitudes[magnitude_id]) if magnitude_id is not None else 0.0
+            if signed and signs[i] == 0:
+                magnitude *= -1.0
+            px = _policy_op(px, name, magnitude, t.interpolation, t.fill)
+    return px
+
+
+def _run_rand_augment(t: Any, px: Pixels) -> Pixels:
+    space = _space(t, t.num_magnitude_bins, px.hw)
+    for _ in range(t.num_ops):
+        name, magnitudes, signed = space[int(_torch.randint(len(space), (1,)).item())]
+        magnitude = float(magnitudes[t.magnitude]) if magnitudes is not None else 0.0
+        if signed and _torch.randint(2, (1,)):
+            magnitude *= -1.0
+        px = _policy_op(px, name, magnitude, t.interpolation, t.fill)
+    return px
+
+
+def _run_trivial_augment_wide(t: Any, px: Pixels) -> Pixels:
+    space = _space(t, t.num_magnitude_bins)
+    name, magnitudes, signed = space[int(_torch.randint(len(space), (1,)).item())]
+    magnitude = (float(magnitudes[_torch.randint(len(magnitudes), (1,), dtype=_torch.long)])
+                 if magnitudes is not None else 0.0)
+    if signed and _torch.randint(2, (1,)):
+        magnitude *= -1.0
+    return _policy_op(px, name, magnitude, t.interpolation, t.fill)
+
+
 _torch: Any = None
 _RUNNERS: dict[str, Callable[[Any, Pixels], Any]] = {
     "Resize": _run_resize,
@@ -409,6 +537,9 @@ _RUNNERS: dict[str, Callable[[Any, Pixels], Any]] = {
     "Grayscale": _run_grayscale,
     "RandomGrayscale": _run_random_grayscale,
     "RandomResizedCropAndInterpolation": _run_timm_random_resized_crop,
+    "AutoAugment": _run_auto_augment,
+    "RandAugment": _run_rand_augment,
+    "TrivialAugmentWide": _run_trivial_augment_wide,
 }
 #: Classes of other libraries the plan knows, recorded the first time a plan meets them:
 #: (module, name). timm's transforms call torchvision's functional kernels with its own draws.
@@ -436,7 +567,8 @@ def configure(transforms: Any) -> None:
                  "Normalize"):
         cls = getattr(transforms, name)
         _CLASSES[name] = cls
-        _STOCK_METHODS[cls] = {m: vars(cls)[m] for m in ("forward", "__call__", "get_params") if m in vars(cls)}
+        _STOCK_METHODS[cls] = {m: vars(cls)[m] for m in ("forward", "__call__", "get_params", *_POLICY_METHODS)
+                               if m in vars(cls)}
     _plans.clear()
 
 
