@@ -86,12 +86,26 @@ def test_blend_with_a_constant_on_every_pair(isa, factor):
 
 
 @pytest.mark.parametrize("factor", [-0.5, -0.1, 0.0, 0.003, 0.25, 0.5])
-def test_hue_on_every_colour(every_colour, factor):
+def test_hue_on_every_colour(isa, every_colour, factor):
     want = np.asarray(F.adjust_hue(Image.fromarray(every_colour), factor))
     shift = int(np.int32(factor * 255).astype(np.uint8))
     got = native.hue_shift(every_colour, shift)
     bad = np.any(got != want, axis=-1)
     assert not bad.any(), (factor, every_colour[bad][:5], got[bad][:5], want[bad][:5])
+
+
+def test_hue_on_every_shift_of_every_value_and_saturation(isa, every_colour):
+    """The way back from HSV on every input it can get: one colour per (V, S) pair that PIL's RGB to
+    HSV gives, at every one of the 256 shifts, so that H + shift takes every value with each pair."""
+    hsv = np.asarray(Image.fromarray(every_colour).convert("HSV")).reshape(-1, 3)
+    _, first = np.unique(hsv[:, 1].astype(np.int32) * 256 + hsv[:, 2], return_index=True)
+    reps = every_colour.reshape(-1, 3)[first]
+    reps = np.concatenate([reps, reps[: (-len(reps)) % 128]]).reshape(-1, 128, 3)  # a few rows of 128
+    for shift in range(256):
+        got = native.hue_shift(reps, shift)
+        want = native.pil_hue_shift(reps, shift)
+        bad = np.any(got != want, axis=-1)
+        assert not bad.any(), (shift, reps[bad][:5], got[bad][:5], want[bad][:5])
 
 
 def _edge_images():
@@ -206,16 +220,18 @@ def test_bad_input_is_named():
 
 # --- a sabotaged build, no compiler, and nothing loaded from elsewhere -------------------------
 
-#: One deliberate arithmetic change per kernel group; each must fail that kernel's check.
+#: One deliberate arithmetic change per kernel group, in its portable and its wide code; each must
+#: fail that kernel's check on every instruction set.
 SABOTAGE = {
-    "resample.c": ("return (int32_t)1 << (c->precision - 1);", "return ((int32_t)1 << (c->precision - 1)) - 1;"),
-    "color.c": ("0x8000", "0x7fff"),  # L's rounding term, in the portable and the wide code
+    "resample.c": [("return (int32_t)1 << (c->precision - 1);", "return ((int32_t)1 << (c->precision - 1)) - 1;")],
+    "color.c": [("0x8000", "0x7fff")],  # L's rounding term, in the portable and the wide code
     # a rounding threshold a hair off: 822 of the 2**24 colours change, as many as pillow-simd's grey
-    "hue.c": ("q += qx - (double)q >= 0.5;", "q += qx - (double)q >= 0.4999;"),
+    "hue.c": [("q += qx - (double)q >= 0.5;", "q += qx - (double)q >= 0.4999;"),
+              ("_mm256_add_pd(x, _mm256_set1_pd(0.5))", "_mm256_add_pd(x, _mm256_set1_pd(0.4999))")],
 }
 
 
-def _build_copy(tmp_path: Path, edits: dict[str, tuple[str, str]]) -> object:
+def _build_copy(tmp_path: Path, edits: dict[str, list[tuple[str, str]]]) -> object:
     """Compile the kernels' sources with ``edits`` applied, and import the result under another name."""
     import importlib.util
 
@@ -227,10 +243,12 @@ def _build_copy(tmp_path: Path, edits: dict[str, tuple[str, str]]) -> object:
     src = tmp_path / "src"
     csrc = src / hatch_build.CSRC
     shutil.copytree(ROOT / hatch_build.CSRC, csrc)
-    for name, (old, new) in edits.items():
+    for name, changes in edits.items():
         text = (csrc / name).read_text()
-        assert old in text, (name, old)
-        (csrc / name).write_text(text.replace(old, new))  # every occurrence
+        for old, new in changes:
+            assert old in text, (name, old)
+            text = text.replace(old, new)  # every occurrence
+        (csrc / name).write_text(text)
     built = hatch_build.build_extension(src, inplace=True, build_dir=tmp_path / "build")
     spec = importlib.util.spec_from_file_location("sabotaged._native", built)
     mod = importlib.util.module_from_spec(spec)
@@ -243,13 +261,15 @@ def sabotaged(tmp_path_factory):
     return _build_copy(tmp_path_factory.mktemp("sabotaged"), SABOTAGE)
 
 
-def test_a_sabotaged_build_is_refused_by_the_check(sabotaged):
+@pytest.mark.parametrize("isa_name", ISAS)
+def test_a_sabotaged_build_is_refused_by_the_check(sabotaged, isa_name):
+    sabotaged.set_isa(isa_name)
     for name, check in native.CHECKS.items():
         why = check(sabotaged)
         if name in ("resample", "grayscale", "saturation", "hue"):
-            assert why and "differs" in why, (name, why)
+            assert why and "differs" in why, (name, isa_name, why)
         else:
-            assert why is None, (name, why)  # blend and tables were left intact
+            assert why is None, (name, isa_name, why)  # blend and tables were left intact
 
 
 def test_a_refused_kernel_means_pil_code_with_stock_pixels(sabotaged, monkeypatch, photos):
