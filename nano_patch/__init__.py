@@ -88,6 +88,8 @@ def patch_torch(
     report.activate_from_env()
     session.note_options(opts)
     _get_manager().patch(opts)
+    if opts.vision:
+        session.warn_if_kernels_missing(stacklevel=2)
 
 
 def _jsonable(value: Any) -> Any:

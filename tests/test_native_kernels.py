@@ -315,7 +315,9 @@ def test_switched_off_kernels_run_pil_code(photos):
 
 @pytest.mark.timeout(900)
 def test_no_c_compiler_installs_without_the_kernels_and_runs_pil_code(tmp_path):
-    """A wheel built where no C compiler works: it installs, warns once at build, and runs PIL's code."""
+    """A wheel built where no C compiler works: it installs, warns once at build, and runs PIL's code.
+    pip hides the build's warning, so the first patch_torch() says it in one line with the fix (not
+    the processes a patched run starts), and ``nano-patch status`` gives the reason once."""
     env = {**os.environ, "CC": "/nonexistent/cc", "LDSHARED": "/nonexistent/cc -shared"}
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation",
@@ -337,12 +339,33 @@ def test_no_c_compiler_installs_without_the_kernels_and_runs_pil_code(tmp_path):
         "want = np.asarray(F.resize(im, [31, 23]))\n"
         "nano_patch.patch_torch()\n"
         "assert np.array_equal(np.asarray(F.resize(im, [31, 23])), want)\n"
+        "nano_patch.unpatch_torch(); nano_patch.patch_torch()\n"
         "print(native.check_all()['resample'])\n"
     )
-    run = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(site)},
-                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    env.pop("_NANO_PATCH_STARTUP", None)
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert "installed without its compiled kernels" in run.stdout
+    said = [line for line in run.stderr.splitlines() if "installed without its compiled kernels" in line]
+    assert len(said) == 1, run.stderr
+    assert "NanoPatchWarning" in said[0] and "install a C compiler and reinstall nano-patch" in said[0], said
+    # a process that a patched run starts (rank, spawned worker: the startup hook) stays quiet
+    child = subprocess.run([sys.executable, "-c", "import nano_patch._startup"],
+                           env={**env, "_NANO_PATCH_STARTUP": "{}"}, capture_output=True, text=True, timeout=300,
+                           cwd=tmp_path)
+    assert child.returncode == 0, child.stderr
+    assert "kernels" not in child.stderr, child.stderr
+    status = subprocess.run([sys.executable, "-m", "nano_patch", "status"], env=env, capture_output=True, text=True,
+                            timeout=300, cwd=tmp_path)
+    assert status.returncode == 0, status.stderr
+    kernels = status.stdout.split("native image kernels:\n", 1)[1].split("\nsystem:", 1)[0].splitlines()
+    assert len(kernels) == 1, status.stdout  # the reason once, not once per kernel
+    assert kernels[0].split()[0] == "all", kernels
+    assert "installed without its compiled kernels" in kernels[0], kernels
+    assert "install a C compiler and reinstall nano-patch" in kernels[0], kernels
+    assert status.stdout.count("installed without its compiled kernels") == 1, status.stdout
 
 
 def test_a_library_planted_in_a_cache_folder_is_never_loaded(tmp_path):
