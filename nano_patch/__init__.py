@@ -127,6 +127,17 @@ def status() -> dict[str, Any]:
     kernel (native, with its instruction set, or on PIL's code and why), plus CPU facts."""
     from . import sysinfo
 
-    return {"patched": is_patched(), "patches": _get_manager().status(), "kernels": sysinfo.native_kernels(),
+    return {"patched": is_patched(), "patches": _get_manager().status(), "kernels": _native_kernels(),
             "system": sysinfo.summary()}
+
+
+def _native_kernels() -> dict[str, str]:
+    """Per native image kernel: ``native (<instruction set>)`` or ``PIL's code: <why>`` (checks them all);
+    one entry ``all`` where the extension itself cannot be used."""
+    try:
+        from .vision import native
+
+        return native.summary()
+    except Exception as exc:  # noqa: BLE001 - a status never fails
+        return {"all": f"PIL's code: {type(exc).__name__}: {exc}"}
 

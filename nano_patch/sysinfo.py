@@ -58,13 +58,3 @@ def summary() -> dict[str, object]:
         "pil": "{} {}".format(*pillow_distribution()),
     }
 
-
-def native_kernels() -> dict[str, str]:
-    """Per native image kernel: ``native (<instruction set>)`` or ``PIL's code: <why>`` (checks them all);
-    one entry ``all`` where the extension itself cannot be used."""
-    try:
-        from .vision import native
-
-        return native.summary()
-    except Exception as exc:  # noqa: BLE001 - a summary never fails
-        return {"all": f"PIL's code: {type(exc).__name__}: {exc}"}

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import sysinfo
 from . import extension
 
 #: The kernels, each checked on its own: the name ``nano-patch status`` shows, and what it stands for.
@@ -317,8 +318,6 @@ def probe_colours() -> np.ndarray:
 
 
 def _pil_version() -> str:
-    from .. import sysinfo
-
     return "{} {}".format(*sysinfo.pillow_distribution())
 
 
