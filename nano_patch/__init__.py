@@ -88,6 +88,8 @@ def patch_torch(
     report.activate_from_env()
     session.note_options(opts)
     _get_manager().patch(opts)
+    if opts.vision:
+        session.warn_if_kernels_missing(stacklevel=2)
 
 
 def _jsonable(value: Any) -> Any:
@@ -126,7 +128,7 @@ def status() -> dict[str, Any]:
     setting and its store, plus CPU facts."""
     from . import sysinfo
 
-    return {"patched": is_patched(), "patches": _get_manager().status(), "kernels": sysinfo.native_kernels(),
+    return {"patched": is_patched(), "patches": _get_manager().status(), "kernels": _native_kernels(),
             "decoded_cache": _cache_status(), "system": sysinfo.summary()}
 
 
@@ -138,4 +140,15 @@ def _cache_status() -> dict[str, Any]:
         return {"setting": s.mode if s.cap is None else f"on, cap {s.cap} bytes", **cache.describe(s.folder)}
     except Exception as exc:  # noqa: BLE001 - a summary never fails
         return {"setting": "?", "state": f"{type(exc).__name__}: {exc}"}
+
+
+def _native_kernels() -> dict[str, str]:
+    """Per native image kernel: ``native (<instruction set>)`` or ``PIL's code: <why>`` (checks them all);
+    one entry ``all`` where the extension itself cannot be used."""
+    try:
+        from .vision import native
+
+        return native.summary()
+    except Exception as exc:  # noqa: BLE001 - a status never fails
+        return {"all": f"PIL's code: {type(exc).__name__}: {exc}"}
 

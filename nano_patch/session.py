@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from typing import Any
 
 from .config import Options
@@ -32,6 +33,7 @@ _trained: list[dict[str, Any]] = []
 _registered = False
 _finished = False
 _run: dict[str, Any] | None = None
+_kernels_checked = False
 
 
 def note_options(opts: Options) -> None:
@@ -42,6 +44,26 @@ def note_options(opts: Options) -> None:
     if not started_by_run and not _registered:
         _registered = True
         atexit.register(_at_exit)
+
+
+def warn_if_kernels_missing(stacklevel: int = 2) -> None:
+    """The first ``patch_torch()`` of a process tree: one warning where the compiled kernels were not installed.
+
+    pip hides the build's own warning, and the wheel installs fine without them; without this line the
+    user would learn it only from ``nano-patch status``. Processes a patched run starts (ranks, workers)
+    stay quiet: their parent said it. Switching the kernels off on purpose is not warned about.
+    """
+    global _kernels_checked
+    if started_by_run or _kernels_checked:
+        return
+    _kernels_checked = True
+    from .registry import NanoPatchWarning
+    from .vision import extension
+
+    why = extension.missing()
+    if why is not None:
+        warnings.warn(f"nano-patch: resize and colour transforms run PIL's own code, exact but slower: {why}.",
+                      NanoPatchWarning, stacklevel=stacklevel + 1)
 
 
 def forget_options() -> None:
@@ -148,6 +170,7 @@ def _resample_state() -> str:
     try:
         from .vision import native
 
-        return native.check_all()["resample"]
+        native.available("resample")  # checks this kernel only, not every one
+        return native.state()["resample"]
     except Exception as exc:  # noqa: BLE001 - a report never fails
         return f"PIL's code: {exc}"

@@ -58,12 +58,3 @@ def summary() -> dict[str, object]:
         "pil": "{} {}".format(*pillow_distribution()),
     }
 
-
-def native_kernels() -> dict[str, str]:
-    """Per native image kernel: ``native (<instruction set>)`` or ``PIL's code: <why>`` (checks them all)."""
-    try:
-        from .vision import native
-
-        return native.check_all()
-    except Exception as exc:  # noqa: BLE001 - a summary never fails
-        return {"all": f"PIL's code: {type(exc).__name__}: {exc}"}

@@ -9,7 +9,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -30,12 +29,10 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _run(out: Path, *args: str, via_nano: bool = True, timeout: int = 300, **env: str):
+def _run(out: Path, *args: str, via_nano: bool = True, timeout: int = 300, **env: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "nano_patch", "run"] if via_nano else [sys.executable]
-    start = time.monotonic()
-    proc = subprocess.run([*cmd, str(SCRIPT), str(out), *args], env=_env(**env), capture_output=True, text=True,
+    return subprocess.run([*cmd, str(SCRIPT), str(out), *args], env=_env(**env), capture_output=True, text=True,
                           timeout=timeout, cwd=out)
-    return proc, time.monotonic() - start
 
 
 def _ranks(out: Path, n: int) -> list[dict]:
@@ -52,7 +49,7 @@ def test_unchanged_script_two_pinned_ranks_average_gradients(tmp_path):
     equal to one process over the same global batch."""
     multi, single = tmp_path / "multi", tmp_path / "single"
     multi.mkdir(), single.mkdir()
-    proc, _ = _run(multi, "max_steps=6", "batch=16", NANO_PATCH_NUM_PROCESSES="2")
+    proc = _run(multi, "max_steps=6", "batch=16", NANO_PATCH_NUM_PROCESSES="2")
     assert_clean_exit(proc)  # popen: the run waits for the re-run rank, so this covers both ranks
     r0, r1 = _ranks(multi, 2)
     assert r0["world"] == r1["world"] == 2 and r0["pid"] != r1["pid"]
@@ -63,7 +60,7 @@ def test_unchanged_script_two_pinned_ranks_average_gradients(tmp_path):
         assert all(a == r["affinity"] for a in r["task_affinity"]), "a thread escaped the pinning"
     w0, w1 = _weights(r0["weights"]), _weights(r1["weights"])
     assert all(torch.equal(w0[k], w1[k]) for k in w0)
-    proc, _ = _run(single, "max_steps=6", "batch=32", "order=ddp", via_nano=False)
+    proc = _run(single, "max_steps=6", "batch=32", "order=ddp", via_nano=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     ws = _weights(_ranks(single, 1)[0]["weights"])
     for k in ws:
@@ -84,7 +81,7 @@ def _initial_weights() -> dict[str, torch.Tensor]:
 
 @pytest.mark.skipif(not TWO_CORES, reason="needs 2 usable cores")
 def test_fork_start_method_with_explicit_cores(tmp_path):
-    proc, _ = _run(tmp_path, "max_steps=3", "strategy=nano_ddp_fork", NANO_PATCH_CPU_FOR_EACH_PROCESS="1;0")
+    proc = _run(tmp_path, "max_steps=3", "strategy=nano_ddp_fork", NANO_PATCH_CPU_FOR_EACH_PROCESS="1;0")
     assert_clean_exit(proc)
     r0, r1 = _ranks(tmp_path, 2)
     assert (r0["affinity"], r1["affinity"]) == ([1], [0])
@@ -95,7 +92,7 @@ def test_fork_start_method_with_explicit_cores(tmp_path):
 @pytest.mark.skipif(not TWO_CORES, reason="needs 2 usable cores")
 def test_spawn_start_method_pins_and_averages(tmp_path):
     """`strategy="nano_ddp_spawn"`: Lightning's spawn launcher; the ranks re-import the script, pinned."""
-    proc, _ = _run(tmp_path, "max_steps=3", "strategy=nano_ddp_spawn", NANO_PATCH_NUM_PROCESSES="2")
+    proc = _run(tmp_path, "max_steps=3", "strategy=nano_ddp_spawn", NANO_PATCH_NUM_PROCESSES="2")
     assert_clean_exit(proc)
     r0, r1 = _ranks(tmp_path, 2)
     assert r0["strategy"] == r1["strategy"] == "NanoDDPStrategy"
@@ -185,11 +182,16 @@ def test_slurm_bound_tasks_keep_their_own_cores(tmp_path):
 
 
 @pytest.mark.skipif(not TWO_CORES, reason="needs 2 usable cores")
-def test_a_crashing_rank_ends_every_rank_quickly(tmp_path):
-    proc, seconds = _run(tmp_path, "max_steps=20", "crash_rank=1", NANO_PATCH_NUM_PROCESSES="2", timeout=240)
+def test_a_crashing_rank_ends_every_rank(tmp_path):
+    """One rank raises: the run fails with that rank's error and no rank outlives it. A rank left waiting
+    for the dead one would hang the run into the timeout (how long a run takes is benchmarks/' business)."""
+    import psutil
+
+    proc = _run(tmp_path, "max_steps=20", "crash_rank=1", NANO_PATCH_NUM_PROCESSES="2", timeout=240)
     assert proc.returncode != 0
     assert "rank crashed on purpose" in proc.stderr
-    assert seconds < 120, f"took {seconds:.0f}s to fail"
+    left = [p.info for p in psutil.process_iter(["pid", "cmdline"]) if str(tmp_path) in (p.info["cmdline"] or [])]
+    assert left == [], f"rank processes still running after the run ended: {left}"
 
 
 def test_bf16_and_channels_last_reach_fp32_accuracy(tmp_path):
@@ -199,7 +201,7 @@ def test_bf16_and_channels_last_reach_fp32_accuracy(tmp_path):
                       "channels_last": {"NANO_PATCH_CHANNELS_LAST": "1"}}.items():
         out = tmp_path / name
         out.mkdir()
-        proc, _ = _run(out, "epochs=5", "batch=32", "lr=0.02", **env)
+        proc = _run(out, "epochs=5", "batch=32", "lr=0.02", **env)
         assert proc.returncode == 0, proc.stderr[-4000:]
         acc[name] = json.loads((out / "metrics.json").read_text())["val_acc"]
         rank = _ranks(out, 1)[0]

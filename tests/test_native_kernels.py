@@ -9,6 +9,7 @@ PIL's own code with the same pixels.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -22,11 +23,14 @@ import torchvision.transforms as T
 from PIL import Image, ImageEnhance, ImageStat
 
 import nano_patch
-from nano_patch.vision import native
+from nano_patch.vision import extension, native
 
 F = T.functional
 ROOT = Path(__file__).resolve().parents[1]
-MOD = native._import()
+if importlib.util.find_spec("nano_patch.vision._native") is None:
+    pytest.skip("the native kernels are not built here (nano_patch.vision._native is missing: installed without a "
+                f"C compiler?); to test them, {extension.FIX}", allow_module_level=True)
+MOD = extension.load()  # built but broken: fail here rather than skip
 ISAS = ["generic", "avx2", "avx512"][: ["generic", "avx2", "avx512"].index(MOD.best_isa()) + 1]
 FILTERS = {Image.Resampling.BILINEAR: "bilinear", Image.Resampling.BICUBIC: "bicubic",
            Image.Resampling.LANCZOS: "lanczos", Image.Resampling.BOX: "box", Image.Resampling.HAMMING: "hamming"}
@@ -87,12 +91,26 @@ def test_blend_with_a_constant_on_every_pair(isa, factor):
 
 
 @pytest.mark.parametrize("factor", [-0.5, -0.1, 0.0, 0.003, 0.25, 0.5])
-def test_hue_on_every_colour(every_colour, factor):
+def test_hue_on_every_colour(isa, every_colour, factor):
     want = np.asarray(F.adjust_hue(Image.fromarray(every_colour), factor))
     shift = int(np.int32(factor * 255).astype(np.uint8))
     got = native.hue_shift(every_colour, shift)
     bad = np.any(got != want, axis=-1)
     assert not bad.any(), (factor, every_colour[bad][:5], got[bad][:5], want[bad][:5])
+
+
+def test_hue_on_every_shift_of_every_value_and_saturation(isa, every_colour):
+    """The way back from HSV on every input it can get: one colour per (V, S) pair that PIL's RGB to
+    HSV gives, at every one of the 256 shifts, so that H + shift takes every value with each pair."""
+    hsv = np.asarray(Image.fromarray(every_colour).convert("HSV")).reshape(-1, 3)
+    _, first = np.unique(hsv[:, 1].astype(np.int32) * 256 + hsv[:, 2], return_index=True)
+    reps = every_colour.reshape(-1, 3)[first]
+    reps = np.concatenate([reps, reps[: (-len(reps)) % 128]]).reshape(-1, 128, 3)  # a few rows of 128
+    for shift in range(256):
+        got = native.hue_shift(reps, shift)
+        want = native.pil_hue_shift(reps, shift)
+        bad = np.any(got != want, axis=-1)
+        assert not bad.any(), (shift, reps[bad][:5], got[bad][:5], want[bad][:5])
 
 
 def _edge_images():
@@ -207,16 +225,18 @@ def test_bad_input_is_named():
 
 # --- a sabotaged build, no compiler, and nothing loaded from elsewhere -------------------------
 
-#: One deliberate arithmetic change per kernel group; each must fail that kernel's check.
+#: One deliberate arithmetic change per kernel group, in its portable and its wide code; each must
+#: fail that kernel's check on every instruction set.
 SABOTAGE = {
-    "resample.c": ("return (int32_t)1 << (c->precision - 1);", "return ((int32_t)1 << (c->precision - 1)) - 1;"),
-    "color.c": ("0x8000", "0x7fff"),  # L's rounding term, in the portable and the wide code
+    "resample.c": [("return (int32_t)1 << (c->precision - 1);", "return ((int32_t)1 << (c->precision - 1)) - 1;")],
+    "color.c": [("0x8000", "0x7fff")],  # L's rounding term, in the portable and the wide code
     # a rounding threshold a hair off: 822 of the 2**24 colours change, as many as pillow-simd's grey
-    "hue.c": ("q += qx - (double)q >= 0.5;", "q += qx - (double)q >= 0.4999;"),
+    "hue.c": [("q += qx - (double)q >= 0.5;", "q += qx - (double)q >= 0.4999;"),
+              ("_mm256_add_pd(x, _mm256_set1_pd(0.5))", "_mm256_add_pd(x, _mm256_set1_pd(0.4999))")],
 }
 
 
-def _build_copy(tmp_path: Path, edits: dict[str, tuple[str, str]]) -> object:
+def _build_copy(tmp_path: Path, edits: dict[str, list[tuple[str, str]]]) -> object:
     """Compile the kernels' sources with ``edits`` applied, and import the result under another name."""
     import importlib.util
 
@@ -228,10 +248,12 @@ def _build_copy(tmp_path: Path, edits: dict[str, tuple[str, str]]) -> object:
     src = tmp_path / "src"
     csrc = src / hatch_build.CSRC
     shutil.copytree(ROOT / hatch_build.CSRC, csrc)
-    for name, (old, new) in edits.items():
+    for name, changes in edits.items():
         text = (csrc / name).read_text()
-        assert old in text, (name, old)
-        (csrc / name).write_text(text.replace(old, new))  # every occurrence
+        for old, new in changes:
+            assert old in text, (name, old)
+            text = text.replace(old, new)  # every occurrence
+        (csrc / name).write_text(text)
     built = hatch_build.build_extension(src, inplace=True, build_dir=tmp_path / "build")
     spec = importlib.util.spec_from_file_location("sabotaged._native", built)
     mod = importlib.util.module_from_spec(spec)
@@ -244,15 +266,51 @@ def sabotaged(tmp_path_factory):
     return _build_copy(tmp_path_factory.mktemp("sabotaged"), SABOTAGE)
 
 
-def test_a_sabotaged_build_is_refused_by_the_check(sabotaged):
+@pytest.mark.parametrize("isa_name", ISAS)
+def test_a_sabotaged_build_is_refused_by_the_check(sabotaged, isa_name):
+    sabotaged.set_isa(isa_name)
     for name, check in native.CHECKS.items():
         if name in native.JPEG_KERNELS:
             continue  # another extension (test_crop_decode.py sabotages it)
         why = check(sabotaged)
         if name in ("resample", "grayscale", "saturation", "hue"):
-            assert why and "differs" in why, (name, why)
+            assert why and "differs" in why, (name, isa_name, why)
         else:
-            assert why is None, (name, why)  # blend and tables were left intact
+            assert why is None, (name, isa_name, why)  # blend and tables were left intact
+
+
+#: Builds that break one of the kernels SABOTAGE leaves intact, each in its portable and wide code:
+#: only that kernel's check may refuse it.
+MORE_SABOTAGE = {
+    # blend with a constant as (1 - a) c + a x: the same in exact arithmetic, not in PIL's float order
+    "blend": {"color.c": [
+        ("out[x] = blend_byte(in1, in[x], alpha);",
+         "{ float t_ = (1.0f - alpha) * (float)in1 + alpha * (float)in[x]; "
+         "out[x] = t_ <= 0.0f ? 0 : (t_ >= 255.0f ? 255 : (uint8_t)t_); }"),
+        ("v[k] = blend_lanes_avx2(c, cf, p, a);",
+         "v[k] = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(_mm256_add_ps(_mm256_mul_ps("
+         "_mm256_sub_ps(_mm256_set1_ps(1.0f), a), cf), _mm256_mul_ps(a, _mm256_cvtepi32_ps(p))), "
+         "_mm256_setzero_ps()), _mm256_set1_ps(255.0f)));"),
+    ]},
+    # the tensor tail reads the green plane through the blue channel's table
+    "tables": {"tensor.c": [("o1[x] = t1[row[x * 3 + 1]];", "o1[x] = t2[row[x * 3 + 1]];")]},
+    # a point table applies the green channel's table to blue
+    "point tables": {"color.c": [("out[x * 3 + 2] = t2[row[x * 3 + 2]];", "out[x * 3 + 2] = t1[row[x * 3 + 2]];")]},
+}
+
+
+@pytest.mark.parametrize("broken", list(MORE_SABOTAGE))
+def test_a_sabotaged_blend_or_table_build_is_refused_by_its_check(tmp_path, broken):
+    mod = _build_copy(tmp_path, MORE_SABOTAGE[broken])
+    refused = "tables" if broken == "point tables" else broken
+    for isa_name in ISAS:
+        mod.set_isa(isa_name)
+        for name, check in native.CHECKS.items():
+            why = check(mod)
+            if name == refused:
+                assert why and ("differs" in why or "wrong" in why), (broken, name, isa_name, why)
+            else:
+                assert why is None, (broken, name, isa_name, why)
 
 
 def test_a_refused_kernel_means_pil_code_with_stock_pixels(sabotaged, monkeypatch, photos):
@@ -298,7 +356,9 @@ def test_switched_off_kernels_run_pil_code(photos):
 
 @pytest.mark.timeout(900)
 def test_no_c_compiler_installs_without_the_kernels_and_runs_pil_code(tmp_path):
-    """A wheel built where no C compiler works: it installs, warns once at build, and runs PIL's code."""
+    """A wheel built where no C compiler works: it installs, warns once at build, and runs PIL's code.
+    pip hides the build's warning, so the first patch_torch() says it in one line with the fix (not
+    the processes a patched run starts), and ``nano-patch status`` gives the reason once."""
     env = {**os.environ, "CC": "/nonexistent/cc", "LDSHARED": "/nonexistent/cc -shared"}
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation",
@@ -320,12 +380,33 @@ def test_no_c_compiler_installs_without_the_kernels_and_runs_pil_code(tmp_path):
         "want = np.asarray(F.resize(im, [31, 23]))\n"
         "nano_patch.patch_torch()\n"
         "assert np.array_equal(np.asarray(F.resize(im, [31, 23])), want)\n"
+        "nano_patch.unpatch_torch(); nano_patch.patch_torch()\n"
         "print(native.check_all()['resample'])\n"
     )
-    run = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(site)},
-                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    env.pop("_NANO_PATCH_STARTUP", None)
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert "installed without its compiled kernels" in run.stdout
+    said = [line for line in run.stderr.splitlines() if "installed without its compiled kernels" in line]
+    assert len(said) == 1, run.stderr
+    assert "NanoPatchWarning" in said[0] and "install a C compiler and reinstall nano-patch" in said[0], said
+    # a process that a patched run starts (rank, spawned worker: the startup hook) stays quiet
+    child = subprocess.run([sys.executable, "-c", "import nano_patch._startup"],
+                           env={**env, "_NANO_PATCH_STARTUP": "{}"}, capture_output=True, text=True, timeout=300,
+                           cwd=tmp_path)
+    assert child.returncode == 0, child.stderr
+    assert "kernels" not in child.stderr, child.stderr
+    status = subprocess.run([sys.executable, "-m", "nano_patch", "status"], env=env, capture_output=True, text=True,
+                            timeout=300, cwd=tmp_path)
+    assert status.returncode == 0, status.stderr
+    kernels = status.stdout.split("native image kernels:\n", 1)[1].split("\nsystem:", 1)[0].splitlines()
+    assert len(kernels) == 1, status.stdout  # the reason once, not once per kernel
+    assert kernels[0].split()[0] == "all", kernels
+    assert "installed without its compiled kernels" in kernels[0], kernels
+    assert "install a C compiler and reinstall nano-patch" in kernels[0], kernels
+    assert status.stdout.count("installed without its compiled kernels") == 1, status.stdout
 
 
 def test_a_library_planted_in_a_cache_folder_is_never_loaded(tmp_path):

@@ -199,7 +199,8 @@ def test_report_fields_on_a_real_short_run(tmp_path, image_folder):
     assert steps[0]["count"] == jpegs + pngs
     assert by_name["dataloader"]["top_accelerated"][0]["what"] == "uint8 batches"
     assert by_name["trainer[pytorch_lightning]"]["top_accelerated"][0]["what"].startswith("Trainer(precision=32")
-    assert rep["seconds"]["image_loading"] > rep["seconds"]["resize"] > 0
+    for step in ("image_loading", "resize"):  # timed (which is slower is for benchmarks/ to say)
+        assert rep["seconds"][step] > 0, rep["seconds"]
     assert isinstance(rep["advice"], list)
 
 

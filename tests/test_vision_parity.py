@@ -1,7 +1,8 @@
 """Patched transforms against stock torchvision, called in the same process, at torchvision's own bars.
 
 Stock outputs are computed first, unpatched, with a seed; the same pipeline then runs patched with
-the same seed. The torch RNG state afterwards must be identical (same draws), and the images within:
+the same seed. The states of torch's, Python's and NumPy's generators afterwards must be identical
+(same draws), and the images within:
 crops/flips/pads, ToTensor (+ Normalize), every colour and point op and resize exact; Gaussian
 blur max 1, mean 0.5; bilinear rotation/affine and perspective mean 8 (nearest ones, as in the
 auto-augment policies, exact).
@@ -9,12 +10,11 @@ auto-augment policies, exact).
 
 from __future__ import annotations
 
-import random
-
 import numpy as np
 import pytest
 import torch
 import torchvision.transforms as T
+from _rng import rng_differences, rng_state, seed_all
 from PIL import Image
 
 import nano_patch
@@ -123,19 +123,17 @@ def test_patched_matches_stock(name, photos):
     stock, states = [], []
     for im in images:
         for s in seeds:
-            torch.manual_seed(s)
-            random.seed(s)
+            seed_all(s)
             try:
                 stock.append(make()(im))
             except Exception as exc:  # noqa: BLE001 - stock errors must be matched, not hidden
                 stock.append(exc)
-            states.append((torch.get_rng_state(), random.getstate()))
+            states.append(rng_state())
     nano_patch.patch_torch()
     k = 0
     for im in images:
         for s in seeds:
-            torch.manual_seed(s)
-            random.seed(s)
+            seed_all(s)
             ref = stock[k]
             if isinstance(ref, Exception):
                 with pytest.raises(type(ref)):
@@ -143,8 +141,7 @@ def test_patched_matches_stock(name, photos):
                 k += 1
                 continue
             out = make()(im)
-            assert torch.equal(torch.get_rng_state(), states[k][0]), f"{name}: torch draws differ from stock"
-            assert random.getstate() == states[k][1], f"{name}: python random draws differ from stock"
+            assert not rng_differences(rng_state(), states[k]), (name, rng_differences(rng_state(), states[k]))
             assert type(out) is type(ref)
             if isinstance(ref, Image.Image):
                 assert out.mode == ref.mode and out.size == ref.size
@@ -173,14 +170,14 @@ def test_auto_augment_policies_are_exact(policy, photos):
     calls = [(m, im, seed) for m in make for im in images for seed in range(12)]
 
     def run(m, im, seed):
-        torch.manual_seed(seed)
-        random.seed(seed)
-        return np.asarray(m()(im))
+        seed_all(seed)
+        return np.asarray(m()(im)), rng_state()
 
     stock = [run(*c) for c in calls]
     nano_patch.patch_torch()
-    for c, want in zip(calls, stock):
-        got = run(*c)
+    for c, (want, want_rng) in zip(calls, stock):
+        got, got_rng = run(*c)
+        assert not rng_differences(got_rng, want_rng), (c[2], rng_differences(got_rng, want_rng))
         assert got.shape == want.shape and np.array_equal(got, want), (
             c[2], np.abs(got.astype(int) - want.astype(int)).max())
 
@@ -190,6 +187,8 @@ def test_types_in_equal_types_out_and_user_arrays_stay_stocks(photos):
     import torchvision.transforms.functional as F
 
     arr = np.asarray(photos[0])
+    t = F.pil_to_tensor(photos[0])
+    stock_tensor = T.Resize(50)(t)
     stock_errors = []
     for call in (lambda: F.rotate(arr, 10), lambda: F.resize(arr, 50), lambda: T.Compose([T.Resize(60)])(arr)):
         with pytest.raises(TypeError) as info:
@@ -204,8 +203,8 @@ def test_types_in_equal_types_out_and_user_arrays_stay_stocks(photos):
         with pytest.raises(TypeError) as info:
             call()
         assert str(info.value) == message
-    t = F.pil_to_tensor(photos[0])
-    assert torch.equal(F.resize(t, 50, antialias=True), T.Resize(50)(t))  # tensors take the stock path
+    for got in (F.resize(t, 50, antialias=True), T.Resize(50)(t)):  # tensors take the stock path
+        assert got.dtype == stock_tensor.dtype and torch.equal(got, stock_tensor)
 
 
 def test_geometry_is_exact(photos):
@@ -213,12 +212,13 @@ def test_geometry_is_exact(photos):
     make = lambda: T.Compose([T.RandomCrop(200), T.RandomHorizontalFlip(), T.RandomVerticalFlip(), T.PILToTensor()])  # noqa: E731
     ref = []
     for s in range(10):
-        torch.manual_seed(s)
-        ref.append(make()(photos[1]))
+        seed_all(s)
+        ref.append((make()(photos[1]), rng_state()))
     nano_patch.patch_torch()
     for s in range(10):
-        torch.manual_seed(s)
-        assert torch.equal(make()(photos[1]), ref[s])
+        seed_all(s)
+        assert torch.equal(make()(photos[1]), ref[s][0])
+        assert not rng_differences(rng_state(), ref[s][1])
 
 
 def test_transforms_pickle_and_run_in_spawned_workers(image_folder):

@@ -1,8 +1,8 @@
 """Plans: a Compose runs as kernels on the array, with stock's draws in stock's order and stock's pixels.
 
 Each case runs stock first (unpatched) and then patched, with the same seed, on the same images.
-Outputs must be equal bit for bit, of the same type, with the same ``info``; the torch RNG state
-afterwards must be the same; errors must be stock's class and message.
+Outputs must be equal bit for bit, of the same type, with the same ``info``; the states of torch's,
+Python's and NumPy's generators afterwards must be the same; errors must be stock's class and message.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torchvision.transforms as T
+from _rng import rng_differences, rng_state, seed_all
 from PIL import Image
 
 import nano_patch
@@ -40,8 +41,7 @@ def _same(a, b) -> bool:
 
 
 def _run(make, images, seed, repeat=3):
-    torch.manual_seed(seed)
-    random.seed(seed)  # timm draws from Python's random
+    seed_all(seed)  # timm draws from Python's random and NumPy's generator too
     tf = make()
     out = []
     for _ in range(repeat):
@@ -50,7 +50,7 @@ def _run(make, images, seed, repeat=3):
                 out.append(tf(im))
             except Exception as exc:  # noqa: BLE001 - compared with stock's
                 out.append((type(exc), str(exc)))
-    return out, torch.get_rng_state()
+    return out, rng_state()
 
 
 def _compare(make, images, seed=0, repeat=3):
@@ -60,7 +60,8 @@ def _compare(make, images, seed=0, repeat=3):
         got, got_rng = _run(make, images, seed, repeat)
     finally:
         nano_patch.unpatch_torch()
-    assert torch.equal(want_rng, got_rng), "the patched run drew different random numbers"
+    assert not rng_differences(got_rng, want_rng), f"the patched run drew different random numbers: " \
+        f"{rng_differences(got_rng, want_rng)}"
     for k, (w, g) in enumerate(zip(want, got)):
         assert _same(w, g), (k, w, g)
 
@@ -191,12 +192,18 @@ def test_changed_classes_run_stock_code(photos, monkeypatch):
 
 
 def test_image_types_in_and_out(photos):
-    nano_patch.patch_torch()
+    """A plain PIL image in gives a plain one out, the patch's FastImage a FastImage: both with stock's pixels."""
     tf = T.Compose([T.CenterCrop(50), T.ColorJitter(saturation=0.5)])
+    torch.manual_seed(3)
+    want = tf(photos[0])
+    nano_patch.patch_torch()
+    torch.manual_seed(3)
     plain = tf(photos[0])
-    assert type(plain) is Image.Image
+    assert type(plain) is Image.Image and plain.tobytes() == want.tobytes()
+    torch.manual_seed(3)
     fast = tf(FastImage.wrap(np.asarray(photos[0])))
-    assert type(fast) is FastImage and fast.tobytes() == fast.to_plain().tobytes()
+    assert type(fast) is FastImage and (fast.mode, fast.size) == (want.mode, want.size)
+    assert fast.to_plain().tobytes() == want.tobytes()
 
 
 def test_uint8_output_for_dataloader_workers(photos):

@@ -2,17 +2,18 @@
 
 PIL input (a plain PIL image, and the patch's own decoded ``FastImage``), ``tv_tensors.Image``
 and plain tensors, alone and with boxes, masks and labels riding along. The random draws must be
-stock's, every output the same type (``tv_tensors`` subclasses included), boxes and masks equal,
-and images exact, except the warps (mean 8) and Gaussian blur (max 1, as in v1).
+stock's (torch, Python's ``random`` and NumPy's generators left in the same state), every output
+the same type (``tv_tensors`` subclasses included), boxes and masks equal, and images exact, the
+auto-augment policies included (their rotations and shears are nearest-neighbour: PIL's own code),
+except the bilinear warps (mean 8) and Gaussian blur (max 1, as in v1).
 """
 
 from __future__ import annotations
 
-import random
-
 import numpy as np
 import pytest
 import torch
+from _rng import rng_differences, rng_state, seed_all
 from PIL import Image
 
 import nano_patch
@@ -37,7 +38,7 @@ CASES = {
     "resize": (lambda: v2.Compose([v2.Resize(150), v2.CenterCrop(128)]), 0, 0),
     "warps": (lambda: v2.Compose([v2.RandomRotation(20), v2.RandomAffine(10, (0.1, 0.1)),
                                   v2.RandomPerspective(p=1.0)]), None, 8),
-    "augment": (lambda: v2.Compose([v2.RandAugment(), v2.TrivialAugmentWide()]), None, 8),
+    "augment": (lambda: v2.Compose([v2.RandAugment(), v2.TrivialAugmentWide()]), 0, 0),  # nearest: exact
     "lambda_and_blur": (lambda: v2.Compose([v2.Resize(100), v2.Lambda(lambda im: im.rotate(5) if isinstance(
         im, Image.Image) else im), v2.GaussianBlur(5, (0.5, 1.5))]), 1, 0.5),
 }
@@ -122,21 +123,19 @@ def test_v2_matches_stock(case, kind, photos):
     stock, states = [], []
     for im in images:
         for seed in range(3):
-            torch.manual_seed(seed)
-            random.seed(seed)
+            seed_all(seed)
             inputs = _inputs(kind, im) if kind != "fast_image" else (im,)
             try:
                 out = make()(*inputs)
             except Exception as exc:  # noqa: BLE001 - stock errors must be matched, not hidden
                 out = exc
             stock.append(out)
-            states.append((torch.get_rng_state(), random.getstate()))
+            states.append(rng_state())
     nano_patch.patch_torch()
     k = 0
     for im in images:
         for seed in range(3):
-            torch.manual_seed(seed)
-            random.seed(seed)
+            seed_all(seed)
             want = stock[k]
             if isinstance(want, Exception):
                 with pytest.raises(type(want)):
@@ -144,14 +143,34 @@ def test_v2_matches_stock(case, kind, photos):
                 k += 1
                 continue
             got = make()(*_inputs(kind, im))
-            assert torch.equal(torch.get_rng_state(), states[k][0]), f"{case}/{kind}: torch draws differ from stock"
-            assert random.getstate() == states[k][1], f"{case}/{kind}: python draws differ from stock"
+            assert not rng_differences(rng_state(), states[k]), f"{case}/{kind}: draws differ from stock"
             if kind == "fast_image" and isinstance(want, Image.Image):
                 # the patch's own image stays one: it is a PIL image with stock's pixels
                 assert isinstance(got, Image.Image)
                 got = Image.fromarray(np.asarray(got))
             _compare(f"{case}:{kind}:{im.mode}{im.size}:seed{seed}", got, want, max_bar, mean_bar)
             k += 1
+
+
+@pytest.mark.parametrize("policy", ["RandAugment", "TrivialAugmentWide", "AutoAugment", "AugMix"])
+def test_v2_auto_augment_policies_are_exact_over_many_draws(policy, photos):
+    """With their default (nearest) interpolation every op of the v2 policies is exact: over enough
+    draws that each op runs, images equal stock's and every generator is left as stock leaves it."""
+    make = getattr(v2, policy)
+    images = [_images(photos)[1], _images(photos)[3]]
+    calls = [(im, seed) for im in images for seed in range(40)]
+
+    def run(im, seed):
+        seed_all(seed)
+        return np.asarray(make()(im)), rng_state()
+
+    stock = [run(*c) for c in calls]
+    nano_patch.patch_torch()
+    for c, (want, want_rng) in zip(calls, stock):
+        got, got_rng = run(*c)
+        assert not rng_differences(got_rng, want_rng), (policy, c[1], rng_differences(got_rng, want_rng))
+        assert got.shape == want.shape and np.array_equal(got, want), (
+            policy, c[1], np.abs(got.astype(int) - want.astype(int)).max())
 
 
 def test_v2_plain_arrays_are_stocks(photos):

@@ -29,6 +29,9 @@ from typing import Any
 
 import numpy as np
 
+from .. import sysinfo
+from . import extension
+
 #: The kernels, each checked on its own: the name ``nano-patch status`` shows, and what it stands for.
 KERNELS = {
     "resample": "resize (bilinear, bicubic, lanczos, box, hamming), crop and flip folded in",
@@ -43,8 +46,8 @@ KERNELS = {
 JPEG_KERNELS = ("crop_decode",)
 #: What runs instead of a kernel that is not used, where that is not PIL's own code.
 FALLBACKS = {"crop_decode": "the full decode"}
-NO_NATIVE_ENV = "NANO_PATCH_NO_NATIVE"
-ISA_ENV = "NANO_PATCH_NATIVE_ISA"
+NO_NATIVE_ENV = extension.NO_NATIVE_ENV
+ISA_ENV = extension.ISA_ENV
 
 #: PIL's resampling filter numbers (Image.Resampling) that the resample kernel reproduces.
 FILTERS = {1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
@@ -91,14 +94,13 @@ def _import() -> ModuleType:
         return _module
     if _module_error is not None:
         raise NativeUnavailable(_module_error)
-    if os.environ.get(NO_NATIVE_ENV, "").strip() not in ("", "0"):
+    if extension.switched_off():
         _module_error = f"{NO_NATIVE_ENV} is set"
         raise NativeUnavailable(_module_error)
     try:
-        from . import _native  # type: ignore[attr-defined]
-    except ImportError as exc:
-        _module_error = ("nano-patch was installed without its compiled kernels (no working C compiler at "
-                         f"install time?): {exc}")
+        _native = extension.load()
+    except extension.ExtensionMissing as exc:
+        _module_error = str(exc)
         raise NativeUnavailable(_module_error) from exc
     isa = os.environ.get(ISA_ENV, "").strip()
     if isa:
@@ -194,6 +196,15 @@ def check_all() -> dict[str, str]:
     for name in KERNELS:
         available(name)
     return state()
+
+
+def summary() -> dict[str, str]:
+    """:func:`check_all` as ``nano-patch status`` shows it: where the extension itself cannot be used
+    (not installed, switched off), one entry ``all`` with that reason, said once, not once per kernel."""
+    states = check_all()
+    if _module_error is not None:  # the crop decode is its own extension: it still says its own state
+        return {"all": f"PIL's code: {_module_error}", **{k: states[k] for k in JPEG_KERNELS}}
+    return states
 
 
 def reset() -> None:
@@ -398,8 +409,6 @@ def probe_colours() -> np.ndarray:
 
 
 def _pil_version() -> str:
-    from .. import sysinfo
-
     return "{} {}".format(*sysinfo.pillow_distribution())
 
 

@@ -255,8 +255,9 @@ static PyObject *py_hue_shift(PyObject *self, PyObject *args) {
     image_arg src, dst;
     if (src_dst(s, d, 3, 0, &src, &dst) < 0)
         return NULL;
+    int isa = current_isa;
     Py_BEGIN_ALLOW_THREADS
-    nano_hue_shift(&src.v, (uint8_t *)dst.v.data, shift & 255);
+    nano_hue_shift(&src.v, (uint8_t *)dst.v.data, shift & 255, isa);
     Py_END_ALLOW_THREADS
     release(&src);
     release(&dst);

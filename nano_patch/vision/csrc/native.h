@@ -72,7 +72,7 @@ void nano_lut(const nano_view *src, uint8_t *dst, const uint8_t *tables, int isa
 /* --- hue.c: PIL's hue shift (RGB -> HSV, add to H, HSV -> RGB) --- */
 
 void nano_hue_init(void);
-void nano_hue_shift(const nano_view *srcv, uint8_t *dst, int shift);
+void nano_hue_shift(const nano_view *srcv, uint8_t *dst, int shift, int isa);
 
 /* --- tensor.c: H x W x C uint8 through one table per channel, to C x H x W or H x W x C --- */
 

@@ -1,0 +1,56 @@
+"""The examples run to their end: the pets fine-tune (the main job, under ``nano-patch run --fast`` as its
+docstring shows it, and stock), the raw loop under ``@nano`` and ``Trainer.compile``, each at its
+smallest settings, in a temporary home and cache folder, printing its result line."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _procs import assert_clean_exit
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """Run with HOME and the cache folder in tmp_path, so that nothing lands in the user's own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NANO_PATCH_", "_NANO_PATCH", "OMP_"))}
+    env.update(PYTHONUNBUFFERED="1", HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert_clean_exit(proc)
+    return proc
+
+
+@pytest.fixture(scope="module")
+def photo_folder(tmp_path_factory) -> Path:
+    """The example's own real-photo ImageFolder, at 4 training photos per class."""
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        from make_photo_folder import build
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    return build(tmp_path_factory.mktemp("pets-photos"), per_class=4)
+
+
+@pytest.mark.parametrize("patched", [True, False], ids=["nano-patch-run-fast", "stock"])
+def test_pets_finetune(tmp_path, photo_folder, patched):
+    launcher = ["-m", "nano_patch", "run", "--fast"] if patched else []
+    proc = _run(tmp_path, *launcher, str(EXAMPLES / "pets_finetune.py"), str(photo_folder), "--epochs", "1",
+                "--size", "32", "--batch", "8", "--workers", "0")
+    assert re.search(r"^train samples/s \(all ranks\): \d+\.\d  val_acc: [01]\.\d{3}$", proc.stdout, re.M), proc.stdout
+    assert not (tmp_path / "cache" / "nano-patch").exists()  # the given folder, not the cache's
+
+
+def test_nano_raw_loop(tmp_path):
+    proc = _run(tmp_path, str(EXAMPLES / "nano_raw_loop.py"), "--epochs", "1")
+    assert re.search(r"^@nano: \d+ samples/s per process, test accuracy [01]\.\d{3}$", proc.stdout, re.M), proc.stdout
+
+
+def test_compile_module(tmp_path):
+    proc = _run(tmp_path, str(EXAMPLES / "compile_module.py"), "--epochs", "1")
+    assert re.search(r"^Trainer\.compile: \d+\.\d s, val accuracy [01]\.\d{3}$", proc.stdout, re.M), proc.stdout
