@@ -43,7 +43,12 @@ def test_pets_finetune(tmp_path, photo_folder, patched):
     proc = _run(tmp_path, *launcher, str(EXAMPLES / "pets_finetune.py"), str(photo_folder), "--epochs", "1",
                 "--size", "32", "--batch", "8", "--workers", "0")
     assert re.search(r"^train samples/s \(all ranks\): \d+\.\d  val_acc: [01]\.\d{3}$", proc.stdout, re.M), proc.stdout
-    assert not (tmp_path / "cache" / "nano-patch").exists()  # the given folder, not the cache's
+    assert not (tmp_path / "cache" / "nano-patch" / "pets-photos").exists()  # the given folder, not the cache's
+    store = tmp_path / "cache" / "nano-patch" / "decoded-images" / "decoded-v1"
+    if patched:  # --fast caches the decoded photos (they fit), and says so in one line
+        assert store.is_dir() and "decoded-image cache on for ImageFolder" in proc.stderr, proc.stderr
+    else:
+        assert not store.exists()
 
 
 def test_nano_raw_loop(tmp_path):
