@@ -44,6 +44,8 @@ FLAG_VALUES = {
     "auto_lr": (["--auto-lr", '{"warmup_epochs": 2}'], {"warmup_epochs": 2}),
     "scaled_decode": (["--scaled-decode"], True),
     "uint8_batches": (["--no-uint8-batches"], False),
+    "cache_decoded": (["--cache-decoded", "512MB"], 512 * 1000**2),
+    "cache_dir": (["--cache-dir", "/tmp/some cache"], "/tmp/some cache"),
 }
 
 
@@ -80,7 +82,9 @@ def test_fast_preset_chooses_bf16_only_where_the_cpu_has_it(monkeypatch, native)
     assert ("bf16 autocast" in line) is native and ("neither avx512_bf16 nor AMX" in line) is not native
     # An explicit flag wins over the preset.
     args = cli._parser().parse_args(["run", "--fast", "--precision", "32", "--no-channels-last", "s.py"])
-    assert cli.run_options(args) == {"precision": "32", "channels_last": False}
+    assert cli.run_options(args) == {"precision": "32", "channels_last": False, "cache_decoded": "auto"}
+    args = cli._parser().parse_args(["run", "--fast", "--cache-decoded=off", "s.py"])
+    assert cli.run_options(args)["cache_decoded"] == "off"
 
 
 def test_fast_reaches_the_trainer_and_no_hint_then(tmp_path):
