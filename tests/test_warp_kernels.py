@@ -72,17 +72,29 @@ def test_the_warp_kernel_passes_its_check_here():
 
 
 @pytest.mark.parametrize("mode", ["RGB", "L"])
-def test_rotate_data_is_image_rotates(mode):
-    """The matrix and size ``Image.rotate`` gives ``Image.transform``: rebuilt exactly, translate,
-    centre and expand included (PIL's own rotate is the reference)."""
+def test_rotate_data_is_image_rotates(mode, monkeypatch):
+    """The matrix and size ``Image.rotate`` gives ``Image.transform``: rebuilt to the last bit,
+    translate, centre and expand included (PIL's own rotate is the reference)."""
     rng = np.random.default_rng(1)
     img = Image.fromarray(_photo(23, 31)).convert(mode)
+    handed: list[tuple] = []
+    real_transform = Image.Image.transform
+
+    def recording(self, size, method, data=None, *args, **kwargs):
+        handed.append((tuple(size), list(data)))
+        return real_transform(self, size, method, data, *args, **kwargs)
+
     for k in range(60):
         angle = float(rng.uniform(-400, 400)) if k % 4 else [1e-3, 45.0, 91.0, -30.5][k // 4 % 4]
         expand = bool(k % 2)
         center = None if k % 3 == 0 else (float(rng.uniform(-5, 40)), float(rng.uniform(-5, 30)))
         translate = None if k % 5 else (int(rng.integers(-6, 7)), int(rng.integers(-6, 7)))
         m, size = native.rotate_data(img.width, img.height, angle % 360.0, expand, center, translate)
+        monkeypatch.setattr(Image.Image, "transform", recording)
+        handed.clear()
+        img.rotate(angle, Image.BILINEAR, expand, center, translate)
+        monkeypatch.setattr(Image.Image, "transform", real_transform)
+        assert handed == [(size, m)], (angle, expand, center, translate)  # the same doubles, bit for bit
         for f in FILTERS:
             want = img.rotate(angle, f, expand, center, translate, fillcolor=None)
             got = img.transform(size, AFFINE, m, f)
