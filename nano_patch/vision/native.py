@@ -473,7 +473,8 @@ def warp_probes(w: int, h: int) -> list[tuple[list[float], tuple[int, int], bool
 def check_warp(mod: ModuleType, filters: tuple[int, ...] = tuple(WARP_FILTERS)) -> str | None:
     """None if ``mod.warp`` equals the installed PIL's ``Image.transform`` on every probe: RGB and L,
     every filter (or those of ``filters``), :func:`warp_probes` on a probe image and on tiny ones,
-    black and coloured fills."""
+    black and coloured fills; and ``Image.rotate`` (expanded, off-centre, translated) equals the
+    kernel run with :func:`rotate_data`'s matrix and size."""
     from PIL import Image
 
     big = probe_image(29, 37, seed=3)
@@ -495,6 +496,17 @@ def check_warp(mod: ModuleType, filters: tuple[int, ...] = tuple(WARP_FILTERS)) 
                     kind = "perspective" if persp else "affine"
                     return (f"the compiled transform differs from {_pil_version()}'s ({WARP_FILTERS[f]}, {kind} "
                             f"{coeffs}, {'L' if a.ndim == 2 else 'RGB'} {w}x{h})")
+    # Image.rotate itself: its matrix and size as rotate_data rebuilds them (this PIL's conventions)
+    img = Image.fromarray(big)
+    for angle, expand, center, translate in ((15.0, False, None, None), (-100.5, True, None, None),
+                                             (30.0, False, (5.0, 20.0), (3, -2)), (1e-3, True, (0.0, 0.0), None)):
+        m, (ow, oh) = rotate_data(img.width, img.height, angle % 360.0, expand, center, translate)
+        for f in filters:
+            want = np.asarray(img.rotate(angle, f, expand, center, translate))
+            got = np.empty(want.shape, np.uint8)
+            if want.shape[:2] != (oh, ow) or not mod.warp(big, got, tuple(m) + (0.0, 0.0), False, f, bytes(3)) \
+                    or not np.array_equal(got, want):
+                return f"{_pil_version()}'s Image.rotate differs from its transform with rotate_data's matrix ({angle})"
     return None
 
 
