@@ -10,7 +10,6 @@ torchvision's functions and classes under the patch against stock with the same 
 
 from __future__ import annotations
 
-import math
 import random
 import shutil
 import sys
@@ -62,7 +61,7 @@ def _assert_transform(a: np.ndarray, size, data, perspective: bool, f, fillcolor
                     f"(filter {int(f)}, {'perspective' if perspective else 'affine'} {list(data)}, {a.shape})")
 
 
-def _photo(h: int, w: int, seed: int = 0) -> np.ndarray:
+def _probe(h: int, w: int, seed: int = 0) -> np.ndarray:
     return native.probe_image(h, w, seed)
 
 
@@ -76,7 +75,7 @@ def test_rotate_data_is_image_rotates(mode, monkeypatch):
     """The matrix and size ``Image.rotate`` gives ``Image.transform``: rebuilt to the last bit,
     translate, centre and expand included (PIL's own rotate is the reference)."""
     rng = np.random.default_rng(1)
-    img = Image.fromarray(_photo(23, 31)).convert(mode)
+    img = Image.fromarray(_probe(23, 31)).convert(mode)
     handed: list[tuple] = []
     real_transform = Image.Image.transform
 
@@ -213,7 +212,7 @@ def test_real_photo_crops(isa, photos):
 def test_fills_of_every_form():
     """What torchvision passes (None, a number, a sequence) and what PIL takes (colour names, an int
     packed into RGB, four values, values out of range): PIL's own reading of each."""
-    rgb = _photo(17, 19)
+    rgb = _probe(17, 19)
     grey = np.ascontiguousarray(rgb[..., 0])
     m, size = native.rotate_data(19, 17, 33.0, True)
     for a, fills in ((rgb, [None, 0, 7, 300, -4, (1, 2, 3), (1, 2, 3, 4), (300, -1, 128), "red", "#0a0b0c",
@@ -238,7 +237,7 @@ def test_fills_of_every_form():
 def test_undefined_coordinates_are_left_to_pil():
     """A NaN coordinate (0 / 0 in a perspective) or a non-finite coefficient: PIL's C is undefined
     there, so the kernel says so and the caller runs PIL's own code, whose answer it returns."""
-    a = _photo(9, 11)
+    a = _probe(9, 11)
     img = Image.fromarray(a)
     zero_over_zero = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -2.0, 0.0]  # at x + 0.5 = 0.5 both are 0
     for coeffs, persp in ((zero_over_zero, True), ([float("nan"), 0, 0, 0, 1, 0], False),
@@ -251,7 +250,7 @@ def test_undefined_coordinates_are_left_to_pil():
 
 
 def test_bad_arguments_are_named():
-    a = _photo(5, 6)
+    a = _probe(5, 6)
     with pytest.raises(ValueError, match="filters"):
         native.warp(a, (5, 6), [1, 0, 0, 0, 1, 0], False, Image.BOX, b"\0\0\0")
     with pytest.raises(ValueError, match="6 numbers"):
@@ -498,10 +497,11 @@ def test_a_refused_warp_means_pil_code_with_stock_pixels(sabotaged, monkeypatch,
     assert state["warp"].startswith("PIL's code: the compiled transform differs"), state
 
 
-def test_math_of_rotate_is_pils_for_quarter_turns():
-    """PIL rounds cos and sin to 15 places, so a quarter turn by matrix is an exact permutation of
-    pixel centres: the kernel's bilinear and bicubic of it equal PIL's transpose."""
-    a = _photo(12, 12)
+def test_quarter_turns_by_matrix_are_the_transposes(isa):
+    """PIL rounds cos and sin to 15 places, so on a square image a quarter turn by matrix moves pixel
+    centres onto pixel centres: every filter of the kernel gives PIL's transpose, the shortcut that
+    ``Image.rotate`` (and so ``pil_rotate``) takes whatever the filter."""
+    a = _probe(12, 12)
     for angle in (90.0, 180.0, 270.0):
         m, size = native.rotate_data(12, 12, angle)
         assert all(v == round(v) for v in m), m
@@ -509,4 +509,4 @@ def test_math_of_rotate_is_pils_for_quarter_turns():
             got = _native(a, size, m, False, f)
             want = np.asarray(Image.fromarray(a).rotate(angle, f))
             assert np.array_equal(got, want), (angle, int(f))
-    assert math.isclose(native.rotate_data(10, 10, 1e-3)[0][1], -math.sin(math.radians(1e-3)), rel_tol=1e-9)
+            assert np.array_equal(K.pil_rotate(a, angle, f), want), (angle, int(f))

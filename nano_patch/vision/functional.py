@@ -212,9 +212,6 @@ def _fell_back(kernel: str, exc: Exception) -> None:
         report.stats.count("vision_transforms", False, f"{kernel} ran PIL's code: {exc}")
 
 
-# PIL's Image.transform, through the native warp ------------------------------------------------
-
-
 def pil_fillcolor(fill: Any, channels: int) -> Any:
     """torchvision's ``_parse_fill`` for a PIL image of ``channels`` bands (not mode F): the
     ``fillcolor`` its PIL backend hands to ``Image.rotate`` and ``Image.transform``."""
@@ -314,9 +311,9 @@ _FILTER_ARG = {"affine": (1, Image.NEAREST), "rotate": (1, Image.NEAREST), "pers
 
 
 def declines(name: str, *args: Any, **kwargs: Any) -> bool:
-    """True where the kernel ``name`` is no faster than PIL's own code on pixels PIL already holds:
-    nearest-neighbour warps (PIL's fixed-point loop is as fast as the kernel, and copying the pixels
-    out of PIL and back would cost more). The caller then runs stock code."""
+    """True where the kernel ``name`` gains nothing on pixels PIL already holds: nearest-neighbour
+    warps (PIL's own nearest loops are about as fast as the kernel, so copying the pixels out of PIL
+    and back would cost more than it saves). The caller then runs stock code."""
     if name not in MAY_DECLINE:
         return False
     place, default = _FILTER_ARG[name]
