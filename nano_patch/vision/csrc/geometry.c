@@ -431,12 +431,35 @@ static inline __m256d cubic_taps(__m128i t0, __m128i t1, __m128i t2, __m128i t3,
     return _mm256_add_pd(_mm256_cvtepi32_pd(t1), _mm256_mul_pd(d, r));
 }
 
-/* The cubic along a row of four RGB0 pixels (16 bytes at p), the four channels side by side. */
+/* The cubic along two rows of four RGB0 pixels at once (16 bytes at p and at p + ps): the integer
+ * differences of both rows in one 256-bit vector, then each row's Horner in doubles. */
 NANO_TARGET("avx2")
-static inline __m256d cubic_rgb(const uint8_t *p, __m256d d) {
-    __m128i v = _mm_loadu_si128((const __m128i *)p);
-    return cubic_taps(_mm_cvtepu8_epi32(v), _mm_cvtepu8_epi32(_mm_srli_si128(v, 4)),
-                      _mm_cvtepu8_epi32(_mm_srli_si128(v, 8)), _mm_cvtepu8_epi32(_mm_srli_si128(v, 12)), d);
+static inline void cubic_rgb2(const uint8_t *p, ptrdiff_t ps, __m256d d, __m256d *first, __m256d *second) {
+    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p)),
+                                              _mm_loadu_si128((const __m128i *)(p + ps)), 1);
+    /* tap k of the four channels, as int32, in each row's half */
+#define TAP(k) _mm256_shuffle_epi8(v, _mm256_setr_epi8(4 * (k), -1, -1, -1, 4 * (k) + 1, -1, -1, -1, 4 * (k) + 2, -1, \
+                                                       -1, -1, 4 * (k) + 3, -1, -1, -1, 4 * (k), -1, -1, -1,         \
+                                                       4 * (k) + 1, -1, -1, -1, 4 * (k) + 2, -1, -1, -1, 4 * (k) + 3, \
+                                                       -1, -1, -1))
+    const __m256i t0 = TAP(0), t1 = TAP(1), t2 = TAP(2), t3 = TAP(3);
+#undef TAP
+    const __m256i p2 = _mm256_sub_epi32(t2, t0);
+    const __m256i p3 = _mm256_sub_epi32(_mm256_add_epi32(_mm256_slli_epi32(_mm256_sub_epi32(t0, t1), 1), t2), t3);
+    const __m256i p4 = _mm256_add_epi32(_mm256_sub_epi32(t1, t0), _mm256_sub_epi32(t3, t2));
+#define HORNER(half)                                                                                          \
+    _mm256_add_pd(                                                                                            \
+        _mm256_cvtepi32_pd(half(t1)),                                                                         \
+        _mm256_mul_pd(d, _mm256_add_pd(_mm256_cvtepi32_pd(half(p2)),                                          \
+                                       _mm256_mul_pd(d, _mm256_add_pd(_mm256_cvtepi32_pd(half(p3)),           \
+                                                                      _mm256_mul_pd(d, _mm256_cvtepi32_pd(half(p4))))))))
+#define LOW(x) _mm256_castsi256_si128(x)
+#define HIGH(x) _mm256_extracti128_si256(x, 1)
+    *first = HORNER(LOW);
+    *second = HORNER(HIGH);
+#undef LOW
+#undef HIGH
+#undef HORNER
 }
 
 /* The cubic through four row values, in PIL's order: p2 = -v1 + v3, p3 = 2 (v1 - v2) + v3 - v4,
@@ -484,8 +507,10 @@ static inline __attribute__((always_inline)) __m128i rgb_pixel(const uint8_t *bu
         __m256d h0 = lerp_rgb(p, dx), h1 = lerp_rgb(p + ps, dx);
         return _mm256_cvttpd_epi32(_mm256_add_pd(h0, _mm256_mul_pd(_mm256_sub_pd(h1, h0), dy)));
     }
-    return clip_truncate4(
-        cubic_pd(cubic_rgb(p, dx), cubic_rgb(p + ps, dx), cubic_rgb(p + 2 * ps, dx), cubic_rgb(p + 3 * ps, dx), dy));
+    __m256d h0, h1, h2, h3;
+    cubic_rgb2(p, ps, dx, &h0, &h1);
+    cubic_rgb2(p + 2 * ps, ps, dx, &h2, &h3);
+    return clip_truncate4(cubic_pd(h0, h1, h2, h3, dy));
 }
 
 /* For each set of inside lanes: the bytes of four RGB pixels (12 of 16) to take from the result. */
