@@ -187,6 +187,8 @@ def test_tiny_and_odd_sizes(isa):
             for f in FILTERS:
                 _assert_transform(a, (w + 2, h + 1), coeffs, True, f, None, f"tiny perspective {h}x{w}")
                 _assert_transform(a, (3, 1), [0.5, 0.1, 0.2, 0.0, 2.0, 0.0], False, f, None, f"tiny out {h}x{w}")
+                # rows in reverse order in memory (a negative stride): the same transform of that image
+                _assert_transform(a[::-1], (w + 1, h), [0.9, 0.3, 0.5, -0.2, 1.1, 0.0], False, f, 9, "reversed rows")
 
 
 def test_real_photo_crops(isa, photos):
