@@ -8,10 +8,11 @@ default). PIL runs ``Image.transform`` on a PIL image with the matrix ``Image.ro
 computes; the native kernel runs the same transform on the array straight into a new array. Columns:
 Pillow (this interpreter), pillow-simd (``--simd-python``: an interpreter with pillow-simd and NumPy
 only), and the native kernel at each instruction set this CPU runs. Each column runs in its own
-process on one pinned core; ``--rounds`` rounds alternate the columns; the figure is the median
-microseconds per warp. The native output is checked equal to Pillow's on every case before timing,
-and pillow-simd's output is compared with Pillow's too. Results: ``benchmarks/results/warp.json``
-and ``.png``.
+process on one pinned core; ``--rounds`` rounds alternate the columns; within a round a column's
+figure is its fastest of several timed passes (the machine may be shared: the fastest pass is the
+least disturbed), and the table gives the median over rounds, in microseconds per warp. The
+native output is checked equal to Pillow's on every case before timing, and pillow-simd's output is
+compared with Pillow's too. Results: ``benchmarks/results/warp.json`` and ``.png``.
 
     python benchmarks/warp.py --simd-python /path/to/venv-with-pillow-simd/bin/python
 """
@@ -86,8 +87,8 @@ def make_cases(path: Path) -> None:
 
 
 def time_column(column: str, cases_path: str, rounds_inner: int = 7) -> dict[str, object]:
-    """Median microseconds per warp for each kind, in this process on one pinned core, and a digest
-    of the outputs (to compare PIL builds)."""
+    """The fastest pass's microseconds per warp for each kind, in this process on one pinned core, and
+    a digest of the outputs (to compare PIL builds)."""
     os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[-1]})
     import numpy as np
     from PIL import Image
@@ -121,17 +122,20 @@ def time_column(column: str, cases_path: str, rounds_inner: int = 7) -> dict[str
                 raise SystemExit(f"the native warp differs from PIL on {case}")
     digest = hashlib.sha256(b"".join(np.asarray(run(c)).tobytes() for c in todo)).hexdigest()
     result: dict[str, object] = {"digest": digest}
-    for kind in KINDS:
-        mine = [c for c in todo if c[0] == kind]
-        for c in mine[:3]:
+    by_kind = {kind: [c for c in todo if c[0] == kind] for kind in KINDS}
+    warm_until = time.perf_counter() + 0.5  # the core's clock up and the caches warm before any timing
+    while time.perf_counter() < warm_until:
+        for c in todo:
             run(c)
-        samples = []
-        for _ in range(rounds_inner):
+    samples: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    for _ in range(rounds_inner):  # the kinds take turns, so that none is timed only early or late
+        for kind, mine in by_kind.items():
             start = time.perf_counter()
             for c in mine:
                 run(c)
-            samples.append((time.perf_counter() - start) / len(mine) * 1e6)
-        result[kind] = statistics.median(samples)
+            samples[kind].append((time.perf_counter() - start) / len(mine) * 1e6)
+    for kind in KINDS:
+        result[kind] = min(samples[kind])
     return result
 
 
