@@ -2,10 +2,9 @@
 
 Stock outputs are computed first, unpatched, with a seed; the same pipeline then runs patched with
 the same seed. The states of torch's, Python's and NumPy's generators afterwards must be identical
-(same draws), and the images within:
-crops/flips/pads, ToTensor (+ Normalize), every colour and point op and resize exact; Gaussian
-blur max 1, mean 0.5; bilinear rotation/affine and perspective mean 8 (nearest ones, as in the
-auto-augment policies, exact).
+(same draws), and the images within: crops/flips/pads, ToTensor (+ Normalize), every colour and
+point op, resize, and every rotation, affine and perspective (nearest, bilinear, bicubic) exact;
+Gaussian blur max 1, mean 0.5.
 """
 
 from __future__ import annotations
@@ -51,9 +50,12 @@ CASES = {
     "random_grayscale": (lambda: T.RandomGrayscale(0.5), 0, 0, True),
     "gaussian_blur": (lambda: T.GaussianBlur(5, (0.5, 2.0)), 1, 0.5, True),
     "rotation": (lambda: T.RandomRotation(30), 0, 0, True),
-    "rotation_bilinear_expand": (lambda: T.RandomRotation(30, IM.BILINEAR, expand=True), None, 8, True),
+    "rotation_bilinear_expand": (lambda: T.RandomRotation(30, IM.BILINEAR, expand=True), 0, 0, True),
+    "rotation_bicubic_fill": (lambda: T.RandomRotation(30, IM.BICUBIC, fill=(10, 200, 30)), 0, 0, False),
     "affine": (lambda: T.RandomAffine(20, (0.1, 0.1), (0.8, 1.2), 10), 0, 0, True),
-    "perspective": (lambda: T.RandomPerspective(p=1.0), None, 8, True),
+    "affine_bilinear": (lambda: T.RandomAffine(20, (0.1, 0.1), (0.8, 1.2), 10, IM.BILINEAR, fill=77), 0, 0, True),
+    "perspective": (lambda: T.RandomPerspective(p=1.0), 0, 0, True),
+    "perspective_bicubic": (lambda: T.RandomPerspective(0.6, 1.0, IM.BICUBIC), 0, 0, True),
     "gamma": (lambda: T.Lambda(lambda im: F.adjust_gamma(im, 0.7, 1.2)), 0, 0, True),
     "invert": (lambda: T.RandomInvert(1.0), 0, 0, True),
     "posterize": (lambda: T.RandomPosterize(3, 1.0), 0, 0, True),
@@ -162,8 +164,8 @@ def test_patched_matches_stock(name, photos):
     lambda: T.AugMix(severity=5),
 ], ids=["randaugment", "autoaugment_svhn", "trivialaugment_fill", "augmix"])
 def test_auto_augment_policies_are_exact(policy, photos):
-    """Their geometric ops are nearest-neighbour (PIL's own, exact) and their colour ops are exact, so
-    whole policies equal stock bit for bit, on plain images and inside a Compose, over many draws."""
+    """Their geometric ops (the native warp) and their colour ops are exact, so whole policies equal
+    stock bit for bit, on plain images and inside a Compose, over many draws."""
     make = [lambda: policy(), lambda: T.Compose([T.RandomResizedCrop(112), T.ColorJitter(0.2, 0.2, 0.2, 0.05),
                                                  policy()])]
     images = [photos[0], photos[1].convert("L").convert("RGB"), synthetic_images()[0]]

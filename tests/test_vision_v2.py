@@ -3,9 +3,8 @@
 PIL input (a plain PIL image, and the patch's own decoded ``FastImage``), ``tv_tensors.Image``
 and plain tensors, alone and with boxes, masks and labels riding along. The random draws must be
 stock's (torch, Python's ``random`` and NumPy's generators left in the same state), every output
-the same type (``tv_tensors`` subclasses included), boxes and masks equal, and images exact, the
-auto-augment policies included (their rotations and shears are nearest-neighbour: PIL's own code),
-except the bilinear warps (mean 8) and Gaussian blur (max 1, as in v1).
+the same type (``tv_tensors`` subclasses included), boxes and masks equal, and images exact (the
+warps and the auto-augment policies included), except Gaussian blur (max 1, as in v1).
 """
 
 from __future__ import annotations
@@ -37,8 +36,12 @@ CASES = {
                                            v2.RandomVerticalFlip(), v2.Pad(3, fill=7), v2.CenterCrop(100)]), 0, 0),
     "resize": (lambda: v2.Compose([v2.Resize(150), v2.CenterCrop(128)]), 0, 0),
     "warps": (lambda: v2.Compose([v2.RandomRotation(20), v2.RandomAffine(10, (0.1, 0.1)),
-                                  v2.RandomPerspective(p=1.0)]), None, 8),
-    "augment": (lambda: v2.Compose([v2.RandAugment(), v2.TrivialAugmentWide()]), 0, 0),  # nearest: exact
+                                  v2.RandomPerspective(p=1.0)]), 0, 0),
+    "warps_bilinear": (lambda: v2.Compose([v2.RandomRotation(20, v2.InterpolationMode.BILINEAR, expand=True),
+                                           v2.RandomAffine(10, (0.1, 0.1), interpolation=v2.InterpolationMode.BICUBIC),
+                                           v2.RandomPerspective(p=1.0)]), 0, 0),
+    "augment": (lambda: v2.Compose([v2.RandAugment(interpolation=v2.InterpolationMode.BILINEAR),
+                                    v2.TrivialAugmentWide()]), 0, 0),
     "lambda_and_blur": (lambda: v2.Compose([v2.Resize(100), v2.Lambda(lambda im: im.rotate(5) if isinstance(
         im, Image.Image) else im), v2.GaussianBlur(5, (0.5, 1.5))]), 1, 0.5),
 }

@@ -54,7 +54,7 @@ _PIL_BACKEND: dict[str, tuple[str, bool]] = {
     "solarize": ("either", False),
     "autocontrast": ("either", False),
     "equalize": ("either", False),
-    "affine": ("kernel", True),
+    "affine": ("kernel", True),  # the native warp (exact); nearest on pixels PIL holds stays PIL's (as fast)
     "rotate": ("kernel", True),
     "perspective": ("kernel", True),
 }
@@ -82,11 +82,11 @@ def _backend_wrapper(original: Callable[..., Any], kernel: Callable[..., Any] | 
     name = original.__name__
     counted = not name.startswith("get_")  # size queries do no pixel work
 
-    def declines(size: tuple[int, int], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    def declines(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         if name not in K.MAY_DECLINE:
             return False
         try:
-            return K.declines(name, size, *args, **kwargs)
+            return K.declines(name, *args, **kwargs)
         except Exception:  # noqa: BLE001 - odd arguments: let the kernel or stock code judge them
             return False
 
@@ -96,7 +96,7 @@ def _backend_wrapper(original: Callable[..., Any], kernel: Callable[..., Any] | 
         # stock code, which returns its own result or raises its own exception.
         if isinstance(img, FastImage):
             a = img.array
-            if kernel is None or (a is None and policy == "either") or (a is None and declines(img.size, args, kwargs)):
+            if kernel is None or (a is None and policy == "either") or (a is None and declines(args, kwargs)):
                 return FastImage.keep(original(img, *args, **kwargs))
             try:
                 out = kernel(np.asarray(img) if a is None else a, *args, **kwargs)
@@ -106,7 +106,7 @@ def _backend_wrapper(original: Callable[..., Any], kernel: Callable[..., Any] | 
                 return out
             return FastImage.wrap(out, img.info if _keeps_info(name, args, kwargs) else None)
         if (pil_too and kernel is not None and isinstance(img, Image.Image) and img.mode in ("RGB", "L")
-                and not declines(img.size, args, kwargs)):
+                and not declines(args, kwargs)):
             try:
                 out = kernel(np.asarray(img), *args, **kwargs)
             except Exception:  # noqa: BLE001

@@ -2,15 +2,13 @@
 
 Each function mirrors the torchvision PIL backend function of the same name
 (``torchvision.transforms._functional_pil``): same arguments, same meaning, and the same pixels as
-PIL gives. Resize, grey, saturation, contrast and hue run the native kernels (``native``: PIL's
-arithmetic in C, checked against the installed PIL), or PIL's own code where a kernel is not
-available here; other colour and point ops are lookup tables in PIL's arithmetic; crops, flips and
-pads are exact; nearest-neighbour rotate and affine are PIL's own (exact, and as fast); bilinear and
-bicubic rotate/affine and every perspective (OpenCV warps) are within torchvision's own
-tensor-vs-PIL bar. An array stands in for a PIL image of mode ``RGB`` or ``L``. A kernel raises on
-any argument it does not handle; the patch then runs stock code, which returns stock's result or
-raises stock's exception. Nothing here patches anything or keeps global state beyond the
-per-process thread cap.
+PIL gives. Resize, rotate, affine, perspective, grey, saturation, contrast and hue run the native
+kernels (``native``: PIL's arithmetic in C, checked against the installed PIL), or PIL's own code
+where a kernel is not available here; other colour and point ops are lookup tables in PIL's
+arithmetic; crops, flips and pads are exact. An array stands in for a PIL image of mode ``RGB`` or
+``L``. A kernel raises on any argument it does not handle; the patch then runs stock code, which
+returns stock's result or raises stock's exception. Nothing here patches anything or keeps global
+state beyond the per-process thread cap and a small cache of fill colours.
 
 Arrays may be views (a crop inside the image is free); every kernel accepts non-contiguous input.
 """
@@ -20,7 +18,6 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -215,83 +212,86 @@ def _fell_back(kernel: str, exc: Exception) -> None:
         report.stats.count("vision_transforms", False, f"{kernel} ran PIL's code: {exc}")
 
 
-def _inverse_map(data: Sequence[float], perspective: bool) -> np.ndarray:
-    """PIL maps output pixel centres (x+0.5, y+0.5) to input coordinates; OpenCV maps pixel indices."""
-    if perspective:
-        m = np.array([[data[0], data[1], data[2]], [data[3], data[4], data[5]], [data[6], data[7], 1.0]])
-    else:
-        m = np.array([[data[0], data[1], data[2]], [data[3], data[4], data[5]], [0.0, 0.0, 1.0]])
-    shift = np.array([[1.0, 0.0, 0.5], [0.0, 1.0, 0.5], [0.0, 0.0, 1.0]])
-    unshift = np.array([[1.0, 0.0, -0.5], [0.0, 1.0, -0.5], [0.0, 0.0, 1.0]])
-    return unshift @ m @ shift
+def pil_fillcolor(fill: Any, channels: int) -> Any:
+    """torchvision's ``_parse_fill`` for a PIL image of ``channels`` bands (not mode F): the
+    ``fillcolor`` its PIL backend hands to ``Image.rotate`` and ``Image.transform``."""
+    if fill is None:
+        fill = 0
+    if isinstance(fill, (int, float)) and channels > 1:
+        fill = tuple([fill] * channels)
+    if isinstance(fill, (list, tuple)):
+        if len(fill) == 1:
+            fill = fill * channels
+        elif len(fill) != channels:
+            raise ValueError(
+                "The number of elements in 'fill' does not match the number of channels of the image "
+                f"({len(fill)} != {channels})"
+            )
+        return tuple(int(x) for x in fill)
+    return int(fill)
 
 
-_CV_INTER = {Image.NEAREST: 0, Image.BILINEAR: 1, Image.BICUBIC: 2}
+_FILL_BYTES: dict[tuple[str, Any], bytes] = {}
 
 
-def _warp(a: np.ndarray, data: Sequence[float], out_wh: tuple[int, int], interpolation: int,
-          fill: Any, perspective: bool) -> np.ndarray:
-    c = cv2()
-    m = _inverse_map(data, perspective)
-    f = _fill_tuple(fill, get_image_num_channels(a))
-    border = f + (0,) * (4 - len(f))
-    flags = _CV_INTER[interpolation] | c.WARP_INVERSE_MAP
-    if perspective:
-        return c.warpPerspective(_contig(a), m, out_wh, flags=flags, borderMode=c.BORDER_CONSTANT, borderValue=border)
-    return c.warpAffine(_contig(a), m[:2], out_wh, flags=flags, borderMode=c.BORDER_CONSTANT, borderValue=border)
+def fill_bytes(mode: str, fillcolor: Any) -> bytes:
+    """One pixel of ``Image.new(mode, size, fillcolor)``: PIL's own reading of a fill colour (values
+    clipped, an int packed into RGB, colour names), and its errors."""
+    plain = fillcolor is None or type(fillcolor) is int or (
+        type(fillcolor) is tuple and all(type(v) is int for v in fillcolor))
+    key = (mode, fillcolor)
+    if plain and key in _FILL_BYTES:
+        return _FILL_BYTES[key]
+    out = Image.new(mode, (1, 1), fillcolor).tobytes()
+    if plain and len(_FILL_BYTES) < 256:
+        _FILL_BYTES[key] = out
+    return out
 
 
-#: Below this side, warps go to PIL: OpenCV and PIL differ at the borders, which a tiny image is mostly.
-WARP_MIN_SIDE = 32
+def _transform_data(data: Any, n: int) -> list[float]:
+    """PIL's reading of the transform data (its first ``n`` numbers as doubles); odd input is left to
+    PIL, which raises its own error."""
+    if not isinstance(data, (list, tuple)) or len(data) < n:
+        raise TypeError("transform data: PIL's own code decides")
+    out = []
+    for v in data[:n]:
+        if isinstance(v, (str, bytes, bool)) or not isinstance(v, numbers.Real):
+            raise TypeError(f"transform data {v!r}: PIL's own code decides")
+        out.append(float(v))
+    return out
 
 
-class StockIsBetter(Exception):
-    """Raised by a kernel for a call that stock PIL code does exactly and at least as fast."""
+#: PIL's filters for its transforms (nearest, bilinear, bicubic), all reproduced by the warp kernel.
+WARP_FILTERS = frozenset(native.WARP_FILTERS)
 
 
-def _pil_warps(size: tuple[int, int], interpolation: Any, nearest_too: bool) -> bool:
-    # PIL's nearest affine is exact and, measured at 224-1280 px, as fast as OpenCV's (RandAugment,
-    # AutoAugment and TrivialAugment use it); its bilinear and its perspective are 2-3x slower.
-    return (interpolation not in _CV_INTER or min(size) < WARP_MIN_SIDE
-            or (nearest_too and interpolation == Image.NEAREST))
+def warp(a: np.ndarray, size: Any, data: Any, perspective: bool, resample: Any, fillcolor: Any) -> np.ndarray:
+    """``Image.transform(size, AFFINE or PERSPECTIVE, data, resample, fillcolor=fillcolor)`` of ``a`` (an
+    ``RGB`` or ``L`` image), bit for bit: the native kernel, else PIL's own code. ``size`` is PIL's
+    (width, height). Raises for anything PIL would not take, or that the kernel does not do."""
+    if not (isinstance(size, (tuple, list)) and len(size) == 2 and all(type(v) is int and v > 0 for v in size)):
+        raise ValueError(f"size {size!r}: PIL's own code decides")
+    if isinstance(resample, bool) or not isinstance(resample, numbers.Integral) or int(resample) not in WARP_FILTERS:
+        raise ValueError(f"filter {resample!r}: PIL's own code decides")
+    coeffs = _transform_data(data, 8 if perspective else 6)
+    fill = fill_bytes("L" if a.ndim == 2 else "RGB", fillcolor)
+    try:
+        return native.warp(a, (size[1], size[0]), coeffs, perspective, int(resample), fill)
+    except native.NativeUnavailable as exc:
+        _fell_back("warp", exc)
+    except native.NotReproducible:
+        pass  # only PIL's code gives PIL's answer there
+    method = Image.Transform.PERSPECTIVE if perspective else Image.Transform.AFFINE
+    return np.asarray(to_pil(a).transform(tuple(size), method, coeffs, int(resample), fillcolor=fillcolor))
 
 
-def _check_warp(a: np.ndarray, interpolation: int, nearest_to_pil: bool) -> None:
-    if _pil_warps(a.shape[:2], interpolation, nearest_to_pil):
-        raise StockIsBetter("PIL's own warp is exact and as fast here")
-
-
-#: The kernels that :func:`declines` can answer True for.
-MAY_DECLINE = frozenset({"affine", "rotate"})
-
-
-def declines(name: str, size: tuple[int, int], *args: Any, **kwargs: Any) -> bool:
-    """True where the kernel ``name`` would raise :class:`StockIsBetter` for an image of ``size`` (w, h):
-    the caller then skips copying the pixels out of PIL for nothing."""
-    if name not in MAY_DECLINE:
-        return False
-    # interpolation follows the matrix (affine) or the angle (rotate)
-    interpolation = kwargs.get("interpolation", args[1] if len(args) > 1 else Image.NEAREST)
-    return _pil_warps(size, interpolation, nearest_too=True)
-
-
-def affine(a: np.ndarray, matrix: list[float], interpolation: int = Image.NEAREST, fill: Any = None) -> np.ndarray:
-    _check_warp(a, interpolation, nearest_to_pil=True)
-    return _warp(a, matrix, (a.shape[1], a.shape[0]), interpolation, fill, perspective=False)
-
-
-def perspective(a: np.ndarray, perspective_coeffs: list[float], interpolation: int = Image.BICUBIC,
-                fill: Any = None) -> np.ndarray:
-    _check_warp(a, interpolation, nearest_to_pil=False)
-    return _warp(a, perspective_coeffs, (a.shape[1], a.shape[0]), interpolation, fill, perspective=True)
-
-
-def rotate(a: np.ndarray, angle: float, interpolation: int = Image.NEAREST, expand: bool = False,
-           center: Any = None, fill: Any = None) -> np.ndarray:
-    """``PIL.Image.rotate``: the same matrix, the same output size, the same exact 90-degree paths."""
+def pil_rotate(a: np.ndarray, angle: Any, resample: Any = Image.NEAREST, expand: Any = False, center: Any = None,
+               translate: Any = None, fillcolor: Any = None) -> np.ndarray:
+    """``Image.rotate`` of the array ``a``: PIL's exact shortcuts for quarter turns (whatever the
+    filter, as PIL's), else its matrix and output size through :func:`warp`."""
     angle = angle % 360.0
     h, w = a.shape[:2]
-    if center is None:
+    if not (center or translate):
         if angle == 0:
             return a
         if angle == 180:
@@ -299,25 +299,45 @@ def rotate(a: np.ndarray, angle: float, interpolation: int = Image.NEAREST, expa
         if angle in (90, 270) and (expand or w == h):
             turn = cv2().ROTATE_90_COUNTERCLOCKWISE if angle == 90 else cv2().ROTATE_90_CLOCKWISE
             return cv2().rotate(_contig(a), turn)
-    _check_warp(a, interpolation, nearest_to_pil=True)
-    cx, cy = (w / 2.0, h / 2.0) if center is None else center
-    rad = -math.radians(angle)
-    cos, sin = round(math.cos(rad), 15), round(math.sin(rad), 15)
-    m = [cos, sin, 0.0, -sin, cos, 0.0]
-    m[2] = m[0] * -cx + m[1] * -cy + cx
-    m[5] = m[3] * -cx + m[4] * -cy + cy
-    out_w, out_h = w, h
-    if expand:
-        xx, yy = [], []
-        for x, y in ((0, 0), (w, 0), (w, h), (0, h)):
-            xx.append(m[0] * x + m[1] * y + m[2])
-            yy.append(m[3] * x + m[4] * y + m[5])
-        out_w = math.ceil(max(xx)) - math.floor(min(xx))
-        out_h = math.ceil(max(yy)) - math.floor(min(yy))
-        # PIL recentres the matrix on the new canvas, as Image.rotate does.
-        m[2] = m[0] * (-(out_w / 2.0)) + m[1] * (-(out_h / 2.0)) + cx
-        m[5] = m[3] * (-(out_w / 2.0)) + m[4] * (-(out_h / 2.0)) + cy
-    return _warp(a, m, (out_w, out_h), interpolation, fill, perspective=False)
+    matrix, size = native.rotate_data(w, h, angle, expand, center, translate)
+    return warp(a, size, matrix, False, resample, fillcolor)
+
+
+#: The kernels that :func:`declines` can answer True for.
+MAY_DECLINE = frozenset({"affine", "rotate", "perspective"})
+
+#: Each warp's filter argument: its place after the image, and torchvision's default.
+_FILTER_ARG = {"affine": (1, Image.NEAREST), "rotate": (1, Image.NEAREST), "perspective": (1, Image.BICUBIC)}
+
+
+def declines(name: str, *args: Any, **kwargs: Any) -> bool:
+    """True where the kernel ``name`` gains nothing on pixels PIL already holds: nearest-neighbour
+    warps (PIL's own nearest loops are about as fast as the kernel, so copying the pixels out of PIL
+    and back would cost more than it saves). The caller then runs stock code."""
+    if name not in MAY_DECLINE:
+        return False
+    place, default = _FILTER_ARG[name]
+    return kwargs.get("interpolation", args[place] if len(args) > place else default) == Image.NEAREST
+
+
+def affine(a: np.ndarray, matrix: list[float], interpolation: int = Image.NEAREST, fill: Any = None) -> np.ndarray:
+    """torchvision's PIL ``affine``: ``Image.transform(size, AFFINE, matrix, interpolation, fillcolor)``."""
+    fillcolor = pil_fillcolor(fill, get_image_num_channels(a))
+    return warp(a, (a.shape[1], a.shape[0]), matrix, False, interpolation, fillcolor)
+
+
+def perspective(a: np.ndarray, perspective_coeffs: list[float], interpolation: int = Image.BICUBIC,
+                fill: Any = None) -> np.ndarray:
+    """torchvision's PIL ``perspective``: ``Image.transform(size, PERSPECTIVE, coeffs, interpolation, fillcolor)``."""
+    fillcolor = pil_fillcolor(fill, get_image_num_channels(a))
+    return warp(a, (a.shape[1], a.shape[0]), perspective_coeffs, True, interpolation, fillcolor)
+
+
+def rotate(a: np.ndarray, angle: float, interpolation: int = Image.NEAREST, expand: bool = False,
+           center: Any = None, fill: Any = None) -> np.ndarray:
+    """torchvision's PIL ``rotate``: ``Image.rotate(angle, interpolation, expand, center, fillcolor)``."""
+    fillcolor = pil_fillcolor(fill, get_image_num_channels(a))
+    return pil_rotate(a, angle, interpolation, expand, center, None, fillcolor)
 
 
 # --- colour -------------------------------------------------------------------------------

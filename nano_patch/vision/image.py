@@ -129,6 +129,47 @@ class FastImage(Image.Image):
             return FastImage.wrap(K.resize(a, [size[1], size[0]], int(resample)), self.info)
         return FastImage.keep(super().resize(size, resample, box, reducing_gap))
 
+    def _info_for_result(self) -> dict[Any, Any]:
+        """The ``info`` PIL gives a transform's result: the source's, lists copied."""
+        copy_info = getattr(self, "_copy_info", None)
+        return copy_info() if copy_info is not None else self.info.copy()
+
+    def _warps_natively(self, resample: Any) -> bool:
+        # Nearest on pixels PIL already holds is PIL's own loop: as fast as the kernel, and no copies.
+        return self._array is not None or resample != Image.Resampling.NEAREST
+
+    def transform(self, size: Any, method: Any, data: Any = None, resample: Any = Image.Resampling.NEAREST,
+                  fill: int = 1, fillcolor: Any = None) -> Image.Image:
+        """``Image.transform`` through the exact native warp for ``AFFINE`` and ``PERSPECTIVE`` with
+        nearest, bilinear or bicubic (timm's augmentations call it), else PIL's own."""
+        from . import functional as K
+
+        kinds = (Image.Transform.AFFINE, Image.Transform.PERSPECTIVE)
+        if type(method) in (int, Image.Transform) and method in kinds and self._warps_natively(resample):
+            a = self._array if self._array is not None else np.asarray(self)
+            try:
+                out = K.warp(a, size, data, method == Image.Transform.PERSPECTIVE, resample, fillcolor)
+            except Exception:  # noqa: BLE001 - arguments the kernel does not take: PIL's code decides
+                out = None
+            if out is not None:
+                return FastImage.wrap(out, self._info_for_result())
+        return FastImage.keep(super().transform(size, method, data, resample, fill, fillcolor))
+
+    def rotate(self, angle: float, resample: Any = Image.Resampling.NEAREST, expand: Any = False, center: Any = None,
+               translate: Any = None, fillcolor: Any = None) -> Image.Image:
+        """``Image.rotate`` through the exact native warp (timm's augmentations call it), else PIL's own."""
+        from . import functional as K
+
+        if self._warps_natively(resample):
+            a = self._array if self._array is not None else np.asarray(self)
+            try:
+                out = K.pil_rotate(a, angle, resample, expand, center, translate, fillcolor)
+            except Exception:  # noqa: BLE001 - arguments the kernel does not take: PIL's code decides
+                out = None
+            if out is not None:
+                return FastImage.wrap(out, self._info_for_result())
+        return FastImage.keep(super().rotate(angle, resample, expand, center, translate, fillcolor))
+
 
 def _new_plain_image() -> Image.Image:
     return Image.Image.__new__(Image.Image)

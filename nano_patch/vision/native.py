@@ -35,6 +35,7 @@ from . import extension
 #: The kernels, each checked on its own: the name ``nano-patch status`` shows, and what it stands for.
 KERNELS = {
     "resample": "resize (bilinear, bicubic, lanczos, box, hamming), crop and flip folded in",
+    "warp": "rotate, affine and perspective (Image.transform: nearest, bilinear, bicubic)",
     "grayscale": "RGB to L, and the grey mean of ImageEnhance.Contrast",
     "saturation": "ImageEnhance.Color (saturation)",
     "blend": "ImageEnhance.Brightness and Contrast (blend with a constant grey)",
@@ -71,6 +72,11 @@ class JpegRegionError(ValueError):
     The full decode then applies its own rules (libjpeg-turbo, or PIL for what that refuses), so pixels
     and errors stay stock.
     """
+
+
+class NotReproducible(ValueError):
+    """PIL's own result for these arguments is undefined behaviour in its C code (a NaN coordinate, a
+    fixed-point overflow): only PIL's code can give it, so run that."""
 
 
 _lock = threading.RLock()
@@ -256,6 +262,42 @@ def resample(a: np.ndarray, size: tuple[int, int], resample_filter: int,
     top, left, wh, ww = (0, 0, h, w) if window is None else (int(v) for v in window)
     out = np.empty((wh, ww) + a.shape[2:], np.uint8)
     mod.resample(a, out, int(resample_filter), box, bool(flip), _resample_variant, (w, h), (left, top))
+    return out
+
+
+#: PIL's filter numbers that ``Image.transform`` takes, all reproduced by the warp kernel.
+WARP_FILTERS = {0: "nearest", 2: "bilinear", 3: "bicubic"}
+
+
+def warp(a: np.ndarray, size: tuple[int, int], coeffs: Any, perspective: bool, resample_filter: int,
+         fill: bytes | tuple[int, ...]) -> np.ndarray:
+    """``Image.transform((w, h), AFFINE or PERSPECTIVE, coeffs, resample_filter)`` of ``a``, where pixels
+    mapped outside ``a`` take ``fill``.
+
+    ``size`` is (height, width); ``coeffs`` PIL's 6 (affine) or 8 (perspective) numbers, taken as
+    doubles; ``resample_filter`` one of :data:`WARP_FILTERS` (PIL's numbers); ``fill`` one value
+    0..255 per channel: the fill colour as PIL stores it (``Image.new(mode, (1, 1), fillcolor).tobytes()``).
+    Raises :class:`NotReproducible` where PIL's own result is undefined in C (a NaN coordinate, say).
+    """
+    mod = kernel("warp")
+    a = _image(a)
+    h, w = int(size[0]), int(size[1])
+    if resample_filter not in WARP_FILTERS:
+        raise ValueError(f"the warp kernel takes filters {sorted(WARP_FILTERS)} (PIL's numbers), "
+                         f"got {resample_filter!r}")
+    if h <= 0 or w <= 0:
+        raise ValueError(f"size must be positive, got {size}")
+    n = 8 if perspective else 6
+    c = tuple(float(v) for v in coeffs)
+    if len(c) != n:
+        raise ValueError(f"{'perspective' if perspective else 'affine'} coefficients: {n} numbers, got {len(c)}")
+    channels = 1 if a.ndim == 2 else 3
+    fill = bytes(fill)
+    if len(fill) != channels:
+        raise ValueError(f"fill needs {channels} values, got {len(fill)}")
+    out = np.empty((h, w) + a.shape[2:], np.uint8)
+    if not mod.warp(a, out, c + (0.0,) * (8 - n), bool(perspective), int(resample_filter), fill):
+        raise NotReproducible("PIL's result is undefined in C for these coefficients (NaN or overflowing coordinates)")
     return out
 
 
@@ -464,6 +506,108 @@ def _resample_matches(mod: ModuleType, variant: tuple[int, int], arr: np.ndarray
     out = np.empty((max(1, h // 2), max(1, w // 2)) + arr.shape[2:], np.uint8)
     mod.resample(arr, out, f, box, False, variant, (w, h), (w // 3, h // 4))
     return np.array_equal(out, want[h // 4:h // 4 + out.shape[0], w // 3:w // 3 + out.shape[1]])
+
+
+def rotate_data(w: int, h: int, angle: float, expand: Any = False, center: Any = None, translate: Any = None
+                ) -> tuple[list[float], tuple[int, int]]:
+    """The affine data and output (width, height) that ``Image.rotate`` hands to ``Image.transform``
+    for a w x h image, in PIL's own float operations (its cos and sin rounded to 15 places, its
+    centre, translation and expansion); ``angle`` in degrees counter-clockwise, already taken modulo
+    360 as PIL does. PIL's quarter-turn shortcuts are the caller's."""
+    import math
+
+    post_trans = (0, 0) if translate is None else translate
+    if center is None:
+        center = (w / 2, h / 2)
+    angle = -math.radians(angle)
+    m = [round(math.cos(angle), 15), round(math.sin(angle), 15), 0.0,
+         round(-math.sin(angle), 15), round(math.cos(angle), 15), 0.0]
+
+    def apply(x: float, y: float) -> tuple[float, float]:
+        return m[0] * x + m[1] * y + m[2], m[3] * x + m[4] * y + m[5]
+
+    m[2], m[5] = apply(-center[0] - post_trans[0], -center[1] - post_trans[1])
+    m[2] += center[0]
+    m[5] += center[1]
+    if expand:
+        xx, yy = [], []
+        for x, y in ((0, 0), (w, 0), (w, h), (0, h)):
+            tx, ty = apply(x, y)
+            xx.append(tx)
+            yy.append(ty)
+        nw = math.ceil(max(xx)) - math.floor(min(xx))
+        nh = math.ceil(max(yy)) - math.floor(min(yy))
+        m[2], m[5] = apply(-(nw - w) / 2.0, -(nh - h) / 2.0)
+        w, h = nw, nh
+    return m, (w, h)
+
+
+def warp_probes(w: int, h: int) -> list[tuple[list[float], tuple[int, int], bool]]:
+    """(coefficients, output (w, h), perspective) for a w x h image, where PIL's transform has its
+    special cases and its rounding shows: rotations (tiny, quarter turns by matrix, odd angles,
+    expanded, off-centre), shears, scales up and down (nearest's scale-only path), mirrors,
+    translations far out (nearest's double stepper) and off the image, perspectives mild and
+    strong (one whose denominator changes sign), other output sizes."""
+    out: list[tuple[list[float], tuple[int, int], bool]] = []
+    for degrees, expand, centre in ((1e-3, False, None), (7.5, False, None), (33.0, True, None), (90.0, False, None),
+                                    (180.0, True, None), (270.0, False, (2.0, 3.5)), (-45.0, True, None),
+                                    (359.9, False, (w * 0.7, -1.0))):
+        m, size = rotate_data(w, h, degrees % 360.0, expand, centre)
+        out.append((m, size, False))
+    out += [
+        ([1.0, 0.3, -4.0, 0.2, 1.0, 3.0], (w, h), False),  # shear
+        ([2.0, 0.0, 0.25, 0.0, 1.75, -0.5], (w // 2 + 1, h // 2 + 1), False),  # scale down, scale-only path
+        ([0.4, 0.0, 1.3, 0.0, 0.6, -2.0], (w + 7, h + 5), False),  # scale up
+        ([-1.0, 0.0, float(w), 0.0, 1.0, 0.0], (w, h), False),  # mirror
+        ([1.0, 1e-9, 0.0, -1e-9, 1.0, 0.0], (w, h), False),  # next to the identity, fixed-point path
+        ([0.9, 0.1, 40000.5, -0.1, 0.9, 2.0], (w, h), False),  # far out: nearest's double stepper
+        ([0.9, 0.1, -40000.5, 0.1, 0.9, -3.0], (w, h), False),
+        ([1.0, 0.05, -float(w) - 3, 0.0, 1.0, 0.0], (w, h), False),  # entirely off the image
+        ([1.02, 0.05, -3.0, 0.01, 0.98, 2.0, 1e-3, 2e-3], (w, h), True),
+        ([0.7, 0.3, 2.0, -0.2, 1.1, 1.0, 0.01, -0.008], (w + 3, h), True),
+        ([1.1, -0.2, 1.0, 0.15, 0.9, -2.0, -0.06, 0.02], (w, h), True),  # the denominator crosses zero
+    ]
+    return out
+
+
+def check_warp(mod: ModuleType, filters: tuple[int, ...] = tuple(WARP_FILTERS)) -> str | None:
+    """None if ``mod.warp`` equals the installed PIL's ``Image.transform`` on every probe: RGB and L,
+    every filter (or those of ``filters``), :func:`warp_probes` on a probe image and on tiny ones,
+    black and coloured fills; and ``Image.rotate`` (expanded, off-centre, translated) equals the
+    kernel run with :func:`rotate_data`'s matrix and size."""
+    from PIL import Image
+
+    big = probe_image(29, 37, seed=3)
+    images = [big, np.ascontiguousarray(big[..., 1]), probe_image(1, 1, seed=1), probe_image(3, 2, seed=2),
+              np.ascontiguousarray(probe_image(1, 5, seed=4)[..., 0])]
+    for k, a in enumerate(images):
+        img = Image.fromarray(a)
+        h, w = a.shape[:2]
+        fill = (10, 200, 255)[: 1 if a.ndim == 2 else 3] if k % 2 == 0 else (0,) * (1 if a.ndim == 2 else 3)
+        colour = fill[0] if a.ndim == 2 else fill
+        probes = warp_probes(w, h) if k < 2 else warp_probes(w, h)[::3]
+        for coeffs, (ow, oh), persp in probes:
+            method = Image.Transform.PERSPECTIVE if persp else Image.Transform.AFFINE
+            for f in filters:
+                want = np.asarray(img.transform((ow, oh), method, coeffs, f, fillcolor=colour))
+                got = np.empty(want.shape, np.uint8)
+                padded = tuple(float(c) for c in coeffs) + (0.0,) * (8 - len(coeffs))
+                if not mod.warp(a, got, padded, persp, f, bytes(fill)) or not np.array_equal(got, want):
+                    kind = "perspective" if persp else "affine"
+                    return (f"the compiled transform differs from {_pil_version()}'s ({WARP_FILTERS[f]}, {kind} "
+                            f"{coeffs}, {'L' if a.ndim == 2 else 'RGB'} {w}x{h})")
+    # Image.rotate itself: its matrix and size as rotate_data rebuilds them (this PIL's conventions)
+    img = Image.fromarray(big)
+    for angle, expand, center, translate in ((15.0, False, None, None), (-100.5, True, None, None),
+                                             (30.0, False, (5.0, 20.0), (3, -2)), (1e-3, True, (0.0, 0.0), None)):
+        m, (ow, oh) = rotate_data(img.width, img.height, angle % 360.0, expand, center, translate)
+        for f in filters:
+            want = np.asarray(img.rotate(angle, f, expand, center, translate))
+            got = np.empty(want.shape, np.uint8)
+            if want.shape[:2] != (oh, ow) or not mod.warp(big, got, tuple(m) + (0.0, 0.0), False, f, bytes(3)) \
+                    or not np.array_equal(got, want):
+                return f"{_pil_version()}'s Image.rotate differs from its transform with rotate_data's matrix ({angle})"
+    return None
 
 
 def check_grayscale(mod: ModuleType) -> str | None:
@@ -685,6 +829,7 @@ def check_crop_decode(mod: ModuleType) -> str | None:
 
 CHECKS: dict[str, Callable[[Any], str | None]] = {
     "resample": check_resample,
+    "warp": check_warp,
     "grayscale": check_grayscale,
     "saturation": check_saturation,
     "blend": check_blend,

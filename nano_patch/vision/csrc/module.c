@@ -264,6 +264,51 @@ static PyObject *py_hue_shift(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* warp(src, dst, coeffs, perspective, filter, fill) -> bool: PIL's Image.transform of src into dst
+ * (its size is the output's), coeffs 8 doubles (an affine map's last two unused), fill one byte per
+ * channel. False where PIL's own result is undefined in C: the caller runs PIL's code. */
+static PyObject *py_warp(PyObject *self, PyObject *args) {
+    PyObject *src_obj, *dst_obj;
+    double a[8];
+    int perspective, filter;
+    const char *fill;
+    Py_ssize_t fill_len;
+    if (!PyArg_ParseTuple(args, "OO(dddddddd)piy#:warp", &src_obj, &dst_obj, &a[0], &a[1], &a[2], &a[3], &a[4],
+                          &a[5], &a[6], &a[7], &perspective, &filter, &fill, &fill_len))
+        return NULL;
+    image_arg src, dst;
+    if (get_image(src_obj, "src", 0, 0, &src) < 0)
+        return NULL;
+    if (get_image(dst_obj, "dst", 1, 0, &dst) < 0) {
+        release(&src);
+        return NULL;
+    }
+    int rc;
+    if (dst.v.channels != src.v.channels || fill_len != src.v.channels) {
+        PyErr_SetString(PyExc_ValueError, "src, dst and fill must have the same number of channels");
+        rc = 1;
+    } else {
+        int isa = current_isa;
+        Py_BEGIN_ALLOW_THREADS
+        rc = nano_warp(&src.v, (uint8_t *)dst.v.data, dst.v.stride, dst.v.width, dst.v.height, a, perspective, filter,
+                       (const uint8_t *)fill, isa);
+        Py_END_ALLOW_THREADS
+        if (rc == -1)
+            PyErr_NoMemory();
+        else if (rc == -2)
+            PyErr_Format(PyExc_ValueError, "unsupported transform filter %d", filter);
+        else if (rc && rc != NANO_WARP_UNDEFINED)
+            PyErr_SetString(PyExc_ValueError, "bad warp sizes");
+    }
+    release(&src);
+    release(&dst);
+    if (rc == NANO_WARP_UNDEFINED)
+        Py_RETURN_FALSE;
+    if (rc)
+        return NULL;
+    Py_RETURN_TRUE;
+}
+
 /* The uint8 image through one float table per channel, into dst: C x H x W (``planar``, what
  * ToTensor gives) or H x W x C. tables: C x 256 float32 or float64, C-contiguous; dst of its type. */
 static PyObject *float_tables(PyObject *args, int planar) {
@@ -349,6 +394,9 @@ static PyMethodDef methods[] = {
      "blend_const(src, dst, value, alpha): Image.blend(Image.new(mode, size, value), src, alpha)."},
     {"lut", py_lut, METH_VARARGS, "lut(src, dst, tables): one 256-byte table per channel."},
     {"hue_shift", py_hue_shift, METH_VARARGS, "hue_shift(src, dst, shift): PIL's HSV round trip with H + shift."},
+    {"warp", py_warp, METH_VARARGS,
+     "warp(src, dst, coeffs, perspective, filter, fill) -> bool: PIL's Image.transform (AFFINE or PERSPECTIVE) "
+     "of src into dst; False where PIL's result is undefined (then run PIL's code)."},
     {"planes_lut", py_planes_lut, METH_VARARGS, "planes_lut(src, tables, dst): H x W x C uint8 -> C x H x W floats."},
     {"pixels_lut", py_pixels_lut, METH_VARARGS, "pixels_lut(src, tables, dst): H x W x C uint8 -> floats."},
     {"isa", py_isa, METH_NOARGS, "The instruction set the kernels use now."},

@@ -81,4 +81,19 @@ void nano_planes_lut_f64(const nano_view *src, const double *tables, double *dst
 void nano_pixels_lut_f32(const nano_view *src, const float *tables, float *dst);
 void nano_pixels_lut_f64(const nano_view *src, const double *tables, double *dst);
 
+/* --- geometry.c: PIL's Image.transform (Geometry.c), affine and perspective --- */
+
+/* PIL's nearest filter number (the others are NANO_BILINEAR and NANO_BICUBIC above). */
+enum { NANO_NEAREST = 0 };
+
+/* nano_warp's answer where PIL's own result is undefined behaviour in C (a NaN coordinate, a
+ * fixed-point overflow): the caller runs PIL's code. */
+#define NANO_WARP_UNDEFINED (-4)
+
+/* PIL's Image.transform((out_w, out_h), AFFINE or PERSPECTIVE, coeffs, filter) of src into dst,
+ * pixels mapped outside src taking `fill` (a byte per channel). coeffs: 6 (affine) or 8. Returns 0,
+ * -1 out of memory, -2 unknown filter, -3 bad sizes, NANO_WARP_UNDEFINED. */
+int nano_warp(const nano_view *src, uint8_t *dst, ptrdiff_t dst_stride, int out_w, int out_h, const double *coeffs,
+              int perspective, int filter, const uint8_t *fill, int isa);
+
 #endif
