@@ -48,6 +48,14 @@ PIPELINES = {
     "timm train, RandAugment + RandomErasing": "timm.data.create_transform(224, is_training=True, "
                                                "auto_augment='rand-m9-mstd0.5', re_prob=0.25)",
     "timm eval": "timm.data.create_transform(224)",
+    "reference TA": "torchvision's reference recipe behind its best weights: RandomResizedCrop(176), "
+                    "RandomHorizontalFlip(), TrivialAugmentWide(BILINEAR), PILToTensor(), ConvertImageDtype(float), "
+                    "Normalize(), RandomErasing(0.1)",
+    "RA": "RandomResizedCrop(224), RandomHorizontalFlip(), RandAugment(BILINEAR), ToTensor(), Normalize()",
+    "AA": "RandomResizedCrop(224), RandomHorizontalFlip(), AutoAugment(IMAGENET, BILINEAR), ToTensor(), Normalize()",
+    "AugMix": "RandomResizedCrop(224), RandomHorizontalFlip(), AugMix(BILINEAR), ToTensor(), Normalize()",
+    "warps": "RandomResizedCrop(224), RandomRotation(15, BILINEAR), "
+             "RandomAffine(10, (.1, .1), (.9, 1.1), 5, BILINEAR), RandomPerspective(BILINEAR), ToTensor()",
 }
 ALBUMENTATIONS = ("pets", "a", "b", "c")
 
@@ -72,6 +80,21 @@ def torchvision_pipeline(name: str):
     if name == "reference":
         return T.Compose([T.RandomResizedCrop(224, antialias=True), T.RandomHorizontalFlip(0.5), T.PILToTensor(),
                           T.ConvertImageDtype(torch.float), norm])
+    bilinear = T.InterpolationMode.BILINEAR
+    policy_tail = [T.ToTensor(), norm]
+    if name == "reference TA":
+        return T.Compose([T.RandomResizedCrop(176, antialias=True), T.RandomHorizontalFlip(0.5),
+                          T.TrivialAugmentWide(interpolation=bilinear), T.PILToTensor(),
+                          T.ConvertImageDtype(torch.float), norm, T.RandomErasing(p=0.1)])
+    if name in ("RA", "AA", "AugMix"):
+        policy = {"RA": lambda: T.RandAugment(interpolation=bilinear),
+                  "AA": lambda: T.AutoAugment(T.AutoAugmentPolicy.IMAGENET, interpolation=bilinear),
+                  "AugMix": lambda: T.AugMix(interpolation=bilinear)}[name]()
+        return T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), policy, *policy_tail])
+    if name == "warps":
+        return T.Compose([T.RandomResizedCrop(224), T.RandomRotation(15, interpolation=bilinear),
+                          T.RandomAffine(10, (0.1, 0.1), (0.9, 1.1), 5, interpolation=bilinear),
+                          T.RandomPerspective(interpolation=bilinear), T.ToTensor()])
     if name.startswith("v2"):
         import torchvision.transforms.v2 as v2
 
