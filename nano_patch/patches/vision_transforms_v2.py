@@ -5,7 +5,10 @@ or PIL methods that ``FastImage`` overrides (``resize``), and dispatch on ``type
 where ``FastImage`` finds the PIL kernel. So the only v2 change needed is where images enter: a
 plain PIL ``RGB``/``L`` image anywhere in a ``Compose``'s inputs (alone, or beside boxes, masks and
 labels) becomes a ``FastImage`` for the steps, and a plain PIL image again at the end. Random
-draws, ``tv_tensors`` and everything that is not a PIL image are untouched.
+draws, ``tv_tensors`` and everything that is not a PIL image are untouched. The policies
+(``AutoAugment``, ``RandAugment``, ``TrivialAugmentWide``) on a lone image run from the plan
+(``vision/plan.py``): stock's draws, then the kernels. ``_utils._get_fill`` looks a ``FastImage`` up
+as the PIL image it stands for, so fills given per type apply as in stock.
 """
 
 from __future__ import annotations
@@ -27,15 +30,24 @@ class VisionTransformsV2Patch(Patch):
         compose = getattr(module, "Compose", None)
         if not isinstance(compose, type) or "forward" not in vars(compose):
             return "torchvision internals changed: transforms.v2.Compose.forward is missing"
+        utils = getattr(module, "_utils", None)
+        if not callable(getattr(utils, "_get_fill", None)):
+            return "torchvision internals changed: transforms.v2._utils._get_fill is missing"
         return None
 
     def _apply(self, module: ModuleType, options: Options) -> None:
         from torch.utils._pytree import tree_flatten, tree_unflatten
+        from torchvision.transforms.v2 import _utils
 
-        from ..vision import pipeline
+        from ..registry import stock_copy
+        from ..vision import pipeline, plan
         from ..vision.image import FastImage, fast, plain
 
         tail = _TensorTail(module)
+        plan.configure_v2(module)
+        # v2 picks a transform's fill by the input's type: the patch's image is looked up as the plain PIL
+        # image it stands for, so that a fill given for PIL images applies to it, as in stock.
+        self.record.redirect(_utils._get_fill, _fill_for_fast_images(stock_copy(_utils._get_fill)))
 
         def forward(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             if kwargs or not args or not pipeline.active():
@@ -49,7 +61,8 @@ class VisionTransformsV2Patch(Patch):
                     fused = tail.run(items[i:], x)
                     if fused is not None:
                         return fused
-                    x = t(x)
+                    planned = plan.run_v2_policy(t, x) if isinstance(x, FastImage) else None
+                    x = t(x) if planned is None else planned
                 return x if isinstance(args[0], FastImage) else plain(x)
             flat, spec = tree_flatten(args)
             converted = [fast(x) if pipeline.takes(x) and not isinstance(x, FastImage) else x for x in flat]
@@ -60,6 +73,17 @@ class VisionTransformsV2Patch(Patch):
             return tree_unflatten([plain(x) for x in flat_out], spec_out)
 
         self.record.wrap(module.Compose, "forward", forward)
+
+
+def _fill_for_fast_images(original: Any) -> Any:
+    from PIL import Image
+
+    from ..vision.image import FastImage
+
+    def _get_fill(fill_dict: Any, inpt_type: Any) -> Any:
+        return original(fill_dict, Image.Image if inpt_type is FastImage else inpt_type)
+
+    return _get_fill
 
 
 class _TensorTail:

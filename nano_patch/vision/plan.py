@@ -444,32 +444,50 @@ def _policy_op(px: Pixels, name: str, magnitude: float, interpolation: Any, fill
 
 
 def _affine_matrix(px: Pixels, angle: float, translate: list[Any], shear: list[float],
-                   center: list[float] | None) -> list[float]:
+                   center: list[float] | None, v2: bool) -> list[float]:
+    """The inverse matrix ``F.affine`` computes for PIL input: v1's function, or v2's (its own copy, with
+    the centre made floats as its argument parsing does)."""
     h, w = px.hw
-    return _F._get_inverse_affine_matrix(center if center is not None else [w * 0.5, h * 0.5], angle,
-                                         translate, 1.0, shear)
+    if center is None:
+        center = [w * 0.5, h * 0.5]
+    if v2:
+        return _v2_geometry()._get_inverse_affine_matrix([float(c) for c in center], angle, translate, 1.0, shear)
+    return _F._get_inverse_affine_matrix(center, angle, translate, 1.0, shear)
 
 
-def _policy_kernel(px: Pixels, name: str, magnitude: float, interpolation: Any, fill: Any) -> Pixels:
+def _v2_geometry() -> Any:
+    from torchvision.transforms.v2.functional import _geometry
+
+    return _geometry
+
+
+def _policy_kernel(px: Pixels, name: str, magnitude: float, interpolation: Any, fill: Any,
+                   v2: bool = False) -> Pixels:
+    """One op of a policy on PIL input, as torchvision's v1 ``_apply_op`` (or v2's
+    ``_apply_image_or_video_transform``) computes it, with the kernels; raises before changing ``px``
+    for anything it does not reproduce."""
     if name in _GEOMETRY:
-        f = _warp_filter(interpolation)
+        if v2:
+            f = int(_F.pil_modes_mapping[_v2_geometry()._check_interpolation(interpolation)])
+        else:
+            f = _warp_filter(interpolation)
         if name == "Rotate":
             out = K.rotate(px.array(), magnitude, f, False, None, fill)
         else:
             if name == "ShearX":
-                matrix = _affine_matrix(px, 0.0, [0, 0], [math.degrees(math.atan(magnitude)), 0.0], [0, 0])
+                matrix = _affine_matrix(px, 0.0, [0, 0], [math.degrees(math.atan(magnitude)), 0.0], [0, 0], v2)
             elif name == "ShearY":
-                matrix = _affine_matrix(px, 0.0, [0, 0], [0.0, math.degrees(math.atan(magnitude))], [0, 0])
+                matrix = _affine_matrix(px, 0.0, [0, 0], [0.0, math.degrees(math.atan(magnitude))], [0, 0], v2)
             elif name == "TranslateX":
-                matrix = _affine_matrix(px, 0.0, [int(magnitude), 0], [0.0, 0.0], None)
+                matrix = _affine_matrix(px, 0.0, [int(magnitude), 0], [0.0, 0.0], None, v2)
             else:
-                matrix = _affine_matrix(px, 0.0, [0, int(magnitude)], [0.0, 0.0], None)
+                matrix = _affine_matrix(px, 0.0, [0, int(magnitude)], [0.0, 0.0], None, v2)
             out = K.affine(px.array(), matrix, f, fill)
         px.base, px.owned = out, True
         return px
     if name in _POLICY_COLOUR:
         if 1.0 + magnitude < 0:
-            raise UseStock  # stock's own ValueError
+            raise UseStock  # stock's own code decides
         return _colour(px, _POLICY_COLOUR[name], 1.0 + magnitude)
     if name == "Identity":
         return px
@@ -477,8 +495,10 @@ def _policy_kernel(px: Pixels, name: str, magnitude: float, interpolation: Any, 
     a = px.unflipped()
     if name == "Posterize":
         out = kernel(a, int(magnitude))
+    elif name == "Solarize":
+        out = kernel(a, 255.0 * magnitude if v2 else magnitude)  # v2 scales its magnitude by the dtype's bound
     else:
-        out = kernel(a, magnitude) if name == "Solarize" else kernel(a)
+        out = kernel(a)
     if out is not a:
         px.base, px.owned = out, True
     return px
@@ -523,6 +543,106 @@ def _run_trivial_augment_wide(t: Any, px: Pixels) -> Pixels:
     if signed and _torch.randint(2, (1,)):
         magnitude *= -1.0
     return _policy_op(px, name, magnitude, t.interpolation, t.fill)
+
+
+# --- the v2 policies (transforms.v2, PIL input) ------------------------------------------------------
+
+#: v2 policy class -> (runner, the stock methods and attributes it relies on, resolved through the MRO).
+_V2_POLICIES: dict[type, tuple[Callable[[Any, Pixels], Pixels], dict[str, Any]]] = {}
+_V2_METHODS = ("forward", "_apply_image_or_video_transform", "_get_random_item",
+               "_flatten_and_extract_image_or_video", "_unflatten_and_insert_image_or_video")
+_v2_spaces: dict[tuple[Any, ...], list[tuple[str, list[float] | None, bool]]] = {}
+
+
+def configure_v2(v2: Any) -> None:
+    """Record transforms.v2's policy classes and their stock methods (the v2 patch calls this)."""
+    _V2_POLICIES.clear()
+    for name, runner in (("AutoAugment", _run_v2_auto_augment), ("RandAugment", _run_v2_rand_augment),
+                         ("TrivialAugmentWide", _run_v2_trivial_augment_wide)):
+        cls = getattr(v2, name, None)
+        if isinstance(cls, type):
+            _V2_POLICIES[cls] = (runner, {m: getattr(cls, m, None) for m in (*_V2_METHODS, "_AUGMENTATION_SPACE")})
+
+
+def run_v2_policy(t: Any, img: Image.Image) -> Any:
+    """A v2 policy on a lone PIL image (a ``FastImage``) by its plan: stock's draws in stock's order, each
+    op a kernel on the array. None when ``t`` is not exactly a stock v2 policy (run it as it is)."""
+    entry = _V2_POLICIES.get(type(t))
+    if entry is None or _torch is None or "_AUGMENTATION_SPACE" in vars(t):
+        return None
+    runner, stock = entry
+    if any(getattr(type(t), m, None) is not f for m, f in stock.items()):
+        return None
+    x = runner(t, Pixels.of(img))
+    if report.stats is not None:
+        report.stats.count("vision_transforms", True, f"v2.{type(t).__name__}")
+    return x.image()
+
+
+def _v2_space(t: Any, bins: int, h: int, w: int) -> list[tuple[str, list[float] | None, bool]]:
+    key = (type(t), bins, h, w)
+    space = _v2_spaces.get(key)
+    if space is None:
+        space = []
+        for name, (fn, signed) in t._AUGMENTATION_SPACE.items():
+            m = fn(bins, h, w)
+            space.append((name, None if m is None else [float(v) for v in m.tolist()], bool(signed)))
+        _v2_spaces[key] = space
+    return space
+
+
+def _v2_op(t: Any, px: Pixels, name: str, magnitude: float) -> Pixels:
+    from PIL.Image import Image as PILImage
+    from torchvision.transforms.v2._utils import _get_fill
+
+    fill = _get_fill(t._fill, PILImage)  # as for a plain PIL image, which is what stock was given
+    try:
+        return _policy_kernel(px, name, magnitude, t.interpolation, fill, v2=True)
+    except Exception:  # noqa: BLE001 - a kernel raises before it changes ``px``: stock's op decides
+        pass
+    result = t._apply_image_or_video_transform(px.image(), name, magnitude, interpolation=t.interpolation,
+                                               fill=t._fill)
+    if isinstance(result, Image.Image) and result.mode in ("RGB", "L"):
+        return Pixels.of(result)
+    raise _Left(result)
+
+
+def _v2_magnitude(magnitudes: list[float] | None, index: Any, signed: bool) -> float:
+    if magnitudes is None:
+        return 0.0
+    magnitude = float(magnitudes[index() if callable(index) else index])
+    if signed and _torch.rand(()) <= 0.5:
+        magnitude *= -1
+    return magnitude
+
+
+def _run_v2_auto_augment(t: Any, px: Pixels) -> Pixels:
+    h, w = px.hw
+    policy = t._policies[int(_torch.randint(len(t._policies), ()))]
+    space = {n: (m, s) for n, m, s in _v2_space(t, 10, h, w)}
+    for name, probability, magnitude_idx in policy:
+        if not _torch.rand(()) <= probability:
+            continue
+        magnitudes, signed = space[name]
+        px = _v2_op(t, px, name, _v2_magnitude(magnitudes, magnitude_idx, signed))
+    return px
+
+
+def _run_v2_rand_augment(t: Any, px: Pixels) -> Pixels:
+    h, w = px.hw
+    space = _v2_space(t, t.num_magnitude_bins, h, w)
+    for _ in range(t.num_ops):
+        name, magnitudes, signed = space[int(_torch.randint(len(space), ()))]
+        px = _v2_op(t, px, name, _v2_magnitude(magnitudes, t.magnitude, signed))
+    return px
+
+
+def _run_v2_trivial_augment_wide(t: Any, px: Pixels) -> Pixels:
+    h, w = px.hw
+    space = _v2_space(t, t.num_magnitude_bins, h, w)
+    name, magnitudes, signed = space[int(_torch.randint(len(space), ()))]
+    index = lambda: int(_torch.randint(t.num_magnitude_bins, ()))  # noqa: E731 - drawn only with magnitudes
+    return _v2_op(t, px, name, _v2_magnitude(magnitudes, index, signed))
 
 
 _torch: Any = None
