@@ -401,7 +401,7 @@ def _run_random_grayscale(t: Any, px: Pixels) -> None:
 # --- the augmentation policies: stock's draws, in stock's order; each op a kernel on the array ---------
 
 #: Methods a policy class must still have (stock's) to be planned, besides forward/__call__/get_params.
-_POLICY_METHODS = ("_augmentation_space",)
+_POLICY_METHODS = ("_augmentation_space", "_pil_to_tensor", "_tensor_to_pil", "_sample_dirichlet")
 #: Per policy class and arguments of ``_augmentation_space``: [(op name, magnitudes as floats or None,
 #: signed)] in stock's order. ``_augmentation_space`` is a pure function of its arguments (linspaces),
 #: so its floats are computed once, with stock's own code, instead of per image.
@@ -535,6 +535,15 @@ def _run_rand_augment(t: Any, px: Pixels) -> Pixels:
     return px
 
 
+def _run_augmix(t: Any, px: Pixels) -> Pixels:
+    """AugMix mixes on tensors with torch's arithmetic: ``vision/augmix.py`` runs it as stock does, with its
+    sampling grids and per-value ops computed once."""
+    from . import augmix
+
+    h, w = px.hw
+    return Pixels.of(augmix.run(t, px.image(), _space(t, t._PARAMETER_MAX, (h, w))))
+
+
 def _run_trivial_augment_wide(t: Any, px: Pixels) -> Pixels:
     space = _space(t, t.num_magnitude_bins)
     name, magnitudes, signed = space[int(_torch.randint(len(space), (1,)).item())]
@@ -660,6 +669,7 @@ _RUNNERS: dict[str, Callable[[Any, Pixels], Any]] = {
     "AutoAugment": _run_auto_augment,
     "RandAugment": _run_rand_augment,
     "TrivialAugmentWide": _run_trivial_augment_wide,
+    "AugMix": _run_augmix,
 }
 #: Classes of other libraries the plan knows, recorded the first time a plan meets them:
 #: (module, name). timm's transforms call torchvision's functional kernels with its own draws.
