@@ -60,6 +60,11 @@ def worker(side: str, name: str, root: str, epochs: int, cache_dir: str, workers
     from torchvision.datasets import ImageFolder
 
     dataset = ImageFolder(root, transform=torchvision_pipeline(name))
+    # One-time start-up (imports, each kernel's check at load, the plan) on other files, so that the
+    # first epoch measures what a first epoch costs, not what a first image costs.
+    warm = ImageFolder(str(Path(root).parent / "val"), transform=torchvision_pipeline(name))
+    for i in range(4):
+        warm[i]
     loader = DataLoader(dataset, batch_size=16, shuffle=True, num_workers=workers)
     torch.manual_seed(0)
     rates = []
