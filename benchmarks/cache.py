@@ -13,8 +13,9 @@ shuffle=True)``. Sides, each (pipeline, side) in a fresh process, interleaved wi
 ``--workers 0``: one pinned core, one thread; images/s is the median over epochs 2..N (the cold side:
 epoch 1, compared with the first epoch of ``cache off``). ``--workers 2``: ``DataLoader(num_workers=2)``
 on both cores, the store shared by the workers. ``--memory``: each worker's resident memory over a
-folder of at least 1 GB decoded, 2 workers, stock against the warm cache (the store's pages are
-file-backed and shared: USS, the memory private to a worker, is what must not grow with the dataset).
+folder of at least 1 GB decoded, 2 workers, stock against the warm cache: each worker's anonymous
+memory (``RssAnon``: what must not grow with the dataset) apart from its file-backed pages
+(``RssFile``: the store's pages, which live in the shared, reclaimable page cache).
 
 Results: ``benchmarks/results/cache[-STEM].json`` and ``.png``.
 
@@ -136,8 +137,21 @@ for epoch in range(int(sys.argv[5])):
 """
 
 
+def _status_kb(pid: int) -> dict[str, int]:
+    """RssAnon (private heap: what must not grow with the dataset), RssFile (file pages mapped: the store's
+    page-cache pages, reclaimable) and RssShmem, in bytes, from /proc/<pid>/status."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key = line.split(":", 1)[0]
+            if key in ("RssAnon", "RssFile", "RssShmem", "VmRSS"):
+                out[key] = int(line.split()[1]) * 1024
+    return out
+
+
 def memory(root: str, tmp: Path, epochs: int) -> dict:
-    """Each DataLoader worker's RSS and USS (private memory), sampled while it reads the whole folder."""
+    """Each DataLoader worker's memory, sampled while it reads the whole folder: anonymous (private) memory
+    and file-backed pages (the store's pages in the shared page cache) apart."""
     import psutil
 
     out = {}
@@ -147,21 +161,23 @@ def memory(root: str, tmp: Path, epochs: int) -> dict:
         proc = psutil.Popen([sys.executable, "-c", MEMORY_CHILD, side.split(" (")[0], root, str(cache_dir), str(HERE),
                              str(1 if "filling" in side else epochs)], env=env, stdout=subprocess.PIPE, text=True)
         peak: dict[int, dict[str, int]] = {}
-        samples = []
+        first: dict[int, int] = {}
         while proc.poll() is None:
             for child in proc.children(recursive=True):
-                with contextlib.suppress(psutil.Error):
-                    m = child.memory_full_info()
-                    p = peak.setdefault(child.pid, {"rss": 0, "uss": 0, "shared": 0})
-                    p["rss"], p["uss"], p["shared"] = max(p["rss"], m.rss), max(p["uss"], m.uss), \
-                        max(p["shared"], m.shared)
-                    samples.append((time.monotonic(), child.pid, m.rss, m.uss))
+                with contextlib.suppress(psutil.Error, OSError):
+                    m = _status_kb(child.pid)
+                    first.setdefault(child.pid, m["RssAnon"])
+                    p = peak.setdefault(child.pid, {k: 0 for k in m})
+                    for k, v in m.items():
+                        p[k] = max(p[k], v)
             time.sleep(0.2)
         if "filling" in side:
             continue
-        workers = sorted(peak.values(), key=lambda p: -p["rss"])[:2]
-        out[side] = {"workers": workers, "max_rss_mb": max(w["rss"] for w in workers) / 2**20,
-                     "max_uss_mb": max(w["uss"] for w in workers) / 2**20}
+        workers = sorted(peak.items(), key=lambda kv: -kv[1]["VmRSS"])[:2]
+        out[side] = {"workers": [{**p, "RssAnon_first": first[pid]} for pid, p in workers],
+                     "max_anon_mb": max(p["RssAnon"] for _, p in workers) / 2**20,
+                     "max_anon_growth_mb": max(p["RssAnon"] - first[pid] for pid, p in workers) / 2**20,
+                     "max_file_mb": max(p["RssFile"] for _, p in workers) / 2**20}
         print(side, out[side], flush=True)
     from nano_patch.vision import cache
 

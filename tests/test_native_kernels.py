@@ -195,6 +195,16 @@ def test_random_resized_crop_draws_at_seed_42(isa, photos):
         assert np.array_equal(got, want), k
 
 
+@pytest.mark.parametrize("factor", [0.0, 0.1, 0.7, 1.0, 1.5, 1.9, 2.0, -0.5, 3.3])
+def test_sharpness_on_real_photos_and_edge_shapes(photos, factor):
+    """ImageEnhance.Sharpness: PIL's float SMOOTH filter, its copied borders, the blend, RGB and L."""
+    images = [photos[0], photos[1].convert("L"), photos[2].crop((5, 7, 8, 10)), photos[2].crop((0, 0, 2, 40)),
+              photos[0].crop((10, 10, 13, 90)).convert("L"), Image.new("RGB", (1, 1), (200, 10, 5))]
+    for im in images:
+        want = np.asarray(ImageEnhance.Sharpness(im).enhance(factor))
+        assert np.array_equal(native.sharpness(np.asarray(im), factor), want), (im.size, im.mode)
+
+
 def test_tables_and_tensor_tail(isa):
     a = np.random.default_rng(2).integers(0, 256, size=(37, 41, 3), dtype=np.uint8)
     tables = np.random.default_rng(3).integers(0, 256, size=(3, 256), dtype=np.uint8)
@@ -296,6 +306,13 @@ MORE_SABOTAGE = {
     "tables": {"tensor.c": [("o1[x] = t1[row[x * 3 + 1]];", "o1[x] = t2[row[x * 3 + 1]];")]},
     # a point table applies the green channel's table to blue
     "point tables": {"color.c": [("out[x * 3 + 2] = t2[row[x * 3 + 2]];", "out[x * 3 + 2] = t1[row[x * 3 + 2]];")]},
+    # the sharpness blend as (1 - a) d + a x: the same in exact arithmetic, not in PIL's float order (the
+    # SMOOTH filter itself is integer rounding in disguise: every float order of its sum gives one result)
+    "sharpness": {"color.c": [
+        ("out[m] = blend_byte((int)(uint8_t)ss, in0[m], alpha);",
+         "{ float t_ = (1.0f - alpha) * (float)(uint8_t)ss + alpha * (float)in0[m]; "
+         "out[m] = t_ <= 0.0f ? 0 : (t_ >= 255.0f ? 255 : (uint8_t)t_); }"),
+    ]},
 }
 
 

@@ -46,7 +46,7 @@ _PIL_BACKEND: dict[str, tuple[str, bool]] = {
     "adjust_contrast": ("kernel", True),
     "adjust_saturation": ("kernel", True),
     "adjust_hue": ("kernel", True),  # the compiled kernel; PIL's code where it cannot be built
-    "adjust_sharpness": ("pil", False),
+    "adjust_sharpness": ("kernel", False),  # PIL's filter and blend, native; PIL-held pixels copied out once
     "adjust_gamma": ("either", False),
     "to_grayscale": ("kernel", True),
     "invert": ("either", False),

@@ -404,6 +404,16 @@ def adjust_hue(a: np.ndarray, hue_factor: float) -> np.ndarray:
     return native.pil_hue_shift(a, shift)
 
 
+def adjust_sharpness(a: np.ndarray, sharpness_factor: float) -> np.ndarray:
+    """``ImageEnhance.Sharpness``: PIL's SMOOTH filter blended with the image, the native kernel, else PIL."""
+    factor = _factor(sharpness_factor)
+    try:
+        return native.sharpness(a, factor)
+    except native.NativeUnavailable as exc:
+        _fell_back("sharpness", exc)
+    return np.asarray(ImageEnhance.Sharpness(to_pil(a)).enhance(factor))
+
+
 def _blend_const(a: np.ndarray, value: int, factor: float) -> np.ndarray:
     """PIL's blend of a constant grey with the image: the native kernel, else a table in PIL's arithmetic."""
     try:

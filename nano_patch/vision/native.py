@@ -39,6 +39,7 @@ KERNELS = {
     "grayscale": "RGB to L, and the grey mean of ImageEnhance.Contrast",
     "saturation": "ImageEnhance.Color (saturation)",
     "blend": "ImageEnhance.Brightness and Contrast (blend with a constant grey)",
+    "sharpness": "ImageEnhance.Sharpness (PIL's SMOOTH filter, then the blend)",
     "hue": "adjust_hue (PIL's HSV round trip)",
     "tables": "point tables and the uint8-to-tensor tail",
     "crop_decode": "JPEG decoding of a crop window only (libjpeg-turbo), for crops drawn before decoding",
@@ -328,6 +329,15 @@ def saturation(a: np.ndarray, factor: float) -> np.ndarray:
         raise ValueError("saturation takes an H x W x 3 array")
     out = np.empty_like(a, order="C")
     mod.blend_gray(a, out, float(factor), _saturation_mode)
+    return out
+
+
+def sharpness(a: np.ndarray, factor: float) -> np.ndarray:
+    """``ImageEnhance.Sharpness(img).enhance(factor)``: PIL's 3x3 SMOOTH filter blended with the image."""
+    mod = kernel("sharpness")
+    a = _image(a)
+    out = np.empty(a.shape, np.uint8)
+    mod.sharpness(a, out, float(factor))
     return out
 
 
@@ -667,6 +677,28 @@ BLEND_PROBE = ((0, 0.0), (0, 0.3), (0, 0.6), (0, 1.0), (0, 1.4), (0, 2.7), (127,
                (255, 0.3), (1, -0.5), (90, 7.5), (200, 0.999))
 
 
+SHARPNESS_PROBE_FACTORS = (0.0, 0.1, 0.5, 1.0, 1.37, 1.9, 2.0, -0.5, 7.5)
+
+
+def check_sharpness(mod: ModuleType) -> str | None:
+    """The kernel against ``ImageEnhance.Sharpness`` on colours where rounding shows, RGB and L, and on
+    the shapes PIL treats apart (under 3 x 3: copied whole; 3 wide or high: only borders)."""
+    from PIL import Image, ImageEnhance
+
+    probe = probe_colours()
+    parts = [probe, probe[:, :61], probe[:3, :3], probe[:2, :9], probe[:7, :1], probe[5:9, 7:10]]
+    for a in parts + [np.ascontiguousarray(p[..., 1]) for p in parts[:2]]:
+        a = np.ascontiguousarray(a)
+        img = Image.fromarray(a)
+        for factor in SHARPNESS_PROBE_FACTORS:
+            want = np.asarray(ImageEnhance.Sharpness(img).enhance(factor))
+            got = np.empty_like(a)
+            mod.sharpness(a, got, factor)
+            if not np.array_equal(got, want):
+                return f"the compiled sharpness differs from {_pil_version()}'s (factor {factor}, shape {a.shape})"
+    return None
+
+
 def check_blend(mod: ModuleType) -> str | None:
     from PIL import Image
 
@@ -833,6 +865,7 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
     "grayscale": check_grayscale,
     "saturation": check_saturation,
     "blend": check_blend,
+    "sharpness": check_sharpness,
     "hue": check_hue,
     "tables": check_tables,
     "crop_decode": check_crop_decode,

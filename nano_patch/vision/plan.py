@@ -489,6 +489,10 @@ def _policy_kernel(px: Pixels, name: str, magnitude: float, interpolation: Any, 
         if 1.0 + magnitude < 0:
             raise UseStock  # stock's own code decides
         return _colour(px, _POLICY_COLOUR[name], 1.0 + magnitude)
+    if name == "Sharpness":  # not per pixel: a pending flip is applied first
+        out = K.adjust_sharpness(px.array(), 1.0 + magnitude)
+        px.base, px.owned = out, True
+        return px
     if name == "Identity":
         return px
     kernel = _POLICY_POINT[name]

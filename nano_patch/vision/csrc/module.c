@@ -220,6 +220,22 @@ static PyObject *py_blend_const(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_sharpness(PyObject *self, PyObject *args) {
+    PyObject *s, *d;
+    float alpha;
+    if (!PyArg_ParseTuple(args, "OOf:sharpness", &s, &d, &alpha))
+        return NULL;
+    image_arg src, dst;
+    if (src_dst(s, d, 0, 1, &src, &dst) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    nano_sharpness(&src.v, (uint8_t *)dst.v.data, alpha);
+    Py_END_ALLOW_THREADS
+    release(&src);
+    release(&dst);
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_lut(PyObject *self, PyObject *args) {
     PyObject *s, *d;
     Py_buffer tables;
@@ -393,6 +409,8 @@ static PyMethodDef methods[] = {
     {"blend_const", py_blend_const, METH_VARARGS,
      "blend_const(src, dst, value, alpha): Image.blend(Image.new(mode, size, value), src, alpha)."},
     {"lut", py_lut, METH_VARARGS, "lut(src, dst, tables): one 256-byte table per channel."},
+    {"sharpness", py_sharpness, METH_VARARGS,
+     "sharpness(src, dst, alpha): ImageEnhance.Sharpness (PIL's SMOOTH filter, then Image.blend)."},
     {"hue_shift", py_hue_shift, METH_VARARGS, "hue_shift(src, dst, shift): PIL's HSV round trip with H + shift."},
     {"warp", py_warp, METH_VARARGS,
      "warp(src, dst, coeffs, perspective, filter, fill) -> bool: PIL's Image.transform (AFFINE or PERSPECTIVE) "

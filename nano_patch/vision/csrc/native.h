@@ -66,6 +66,8 @@ void nano_blend_gray(const nano_view *src, uint8_t *dst, float alpha, int mode, 
 /* Image.blend(constant image of value in1, image, alpha): ImageEnhance.Brightness (in1 0) and
  * ImageEnhance.Contrast (in1 the grey mean). */
 void nano_blend_const(const nano_view *src, uint8_t *dst, int in1, float alpha, int isa);
+/* ImageEnhance.Sharpness: Image.blend(image.filter(ImageFilter.SMOOTH), image, alpha). */
+void nano_sharpness(const nano_view *src, uint8_t *dst, float alpha);
 /* One 256-entry table per channel: dst[y][x][c] = tables[c][src[y][x][c]]. */
 void nano_lut(const nano_view *src, uint8_t *dst, const uint8_t *tables, int isa);
 
