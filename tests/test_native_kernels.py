@@ -307,11 +307,10 @@ MORE_SABOTAGE = {
     # a point table applies the green channel's table to blue
     "point tables": {"color.c": [("out[x * 3 + 2] = t2[row[x * 3 + 2]];", "out[x * 3 + 2] = t1[row[x * 3 + 2]];")]},
     # the sharpness blend as (1 - a) d + a x: the same in exact arithmetic, not in PIL's float order (the
-    # SMOOTH filter itself is integer rounding in disguise: every float order of its sum gives one result)
+    # SMOOTH filter itself is integer rounding in disguise, which the kernel computes as such)
     "sharpness": {"color.c": [
-        ("out[m] = blend_byte((int)(uint8_t)ss, in0[m], alpha);",
-         "{ float t_ = (1.0f - alpha) * (float)(uint8_t)ss + alpha * (float)in0[m]; "
-         "out[m] = t_ <= 0.0f ? 0 : (t_ >= 255.0f ? 255 : (uint8_t)t_); }"),
+        ("float t = (float)deg + alpha * (float)(in - deg);",
+         "float t = (1.0f - alpha) * (float)deg + alpha * (float)in;"),
     ]},
 }
 

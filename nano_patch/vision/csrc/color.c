@@ -312,15 +312,22 @@ void nano_lut(const nano_view *src, uint8_t *dst, const uint8_t *tables, int isa
 }
 
 /* ImageEnhance.Sharpness: Image.blend(image.filter(SMOOTH), image, alpha). SMOOTH is PIL's 3x3 float
- * filter (1 1 1 / 1 5 1 / 1 1 1) / 13 (Filter.c): its sum starts at 0.5 and adds the row below, the
- * row itself and the row above, each as (left + centre) + right in float, then truncates; the first
- * and last rows and columns are copied, and images under 3 x 3 are copied whole. Blending a copied
- * pixel with itself gives it back, so those pixels are the source's. A flip does not commute with
- * this filter to the bit (the sums add in another order), so callers apply any flip first. */
+ * filter (1 1 1 / 1 5 1 / 1 1 1) / 13 (Filter.c): it starts at 0.5, adds the weighted pixels in float and
+ * truncates; the first and last rows and columns are copied, and images under 3 x 3 are copied whole.
+ * With S the integer weighted sum, the exact value 0.5 + S / 13 = (2S + 13) / 26 is never closer than
+ * 1/26 to an integer, and PIL's float arithmetic is off by less than 1e-3, so its truncation is exactly
+ * (2S + 13) / 26 in integers. The blend is PIL's float blend (Blend.c). Blending a copied pixel with
+ * itself gives it back, so those pixels are the source's. */
+static inline uint8_t blend_sharp(int deg, int in, float alpha) {
+    float t = (float)deg + alpha * (float)(in - deg);
+    t = t <= 0.0f ? 0.0f : t;
+    t = t >= 255.0f ? 255.0f : t;
+    return (uint8_t)t;
+}
+
 void nano_sharpness(const nano_view *src, uint8_t *dst, float alpha) {
     const int w = src->width, h = src->height, c = src->channels;
     const size_t row = (size_t)w * c;
-    const float k1 = 1.0f / 13.0f, k5 = 5.0f / 13.0f;
     for (int y = 0; y < h; y++) {
         const uint8_t *in0 = src->data + (ptrdiff_t)y * src->stride;
         uint8_t *out = dst + (size_t)y * row;
@@ -330,18 +337,11 @@ void nano_sharpness(const nano_view *src, uint8_t *dst, float alpha) {
         }
         const uint8_t *up = in0 - src->stride, *down = in0 + src->stride;
         memcpy(out, in0, (size_t)c);
-        for (int x = 1; x < w - 1; x++) {
-            for (int ch = 0; ch < c; ch++) {
-                const int l = (x - 1) * c + ch, m = x * c + ch, r = (x + 1) * c + ch;
-                float ss = 0.5f;
-                ss += (float)down[l] * k1 + (float)down[m] * k1 + (float)down[r] * k1;
-                ss += (float)in0[l] * k1 + (float)in0[m] * k5 + (float)in0[r] * k1;
-                ss += (float)up[l] * k1 + (float)up[m] * k1 + (float)up[r] * k1;
-                ss = ss < 0.0f ? 0.0f : ss;
-                ss = ss > 255.0f ? 255.0f : ss;
-                out[m] = blend_byte((int)(uint8_t)ss, in0[m], alpha);
-            }
+        for (size_t m = (size_t)c; m < row - (size_t)c; m++) {
+            const size_t l = m - (size_t)c, r = m + (size_t)c;
+            const int sum = up[l] + up[m] + up[r] + in0[l] + 5 * in0[m] + in0[r] + down[l] + down[m] + down[r];
+            out[m] = blend_sharp((2 * sum + 13) / 26, in0[m], alpha);
         }
-        memcpy(out + (size_t)(w - 1) * c, in0 + (size_t)(w - 1) * c, (size_t)c);
+        memcpy(out + row - (size_t)c, in0 + row - (size_t)c, (size_t)c);
     }
 }
