@@ -116,10 +116,14 @@ def test_a_hit_is_a_read_only_view_into_the_store(image_folder, cache_dir):
     a = store.get(material)
     assert np.array_equal(a, want)
     assert not a.flags.writeable and not a.flags.owndata
+    import mmap
+
     owner = a
     while isinstance(owner, np.ndarray):
         owner = owner.base
-    assert isinstance(owner, memoryview) and owner.readonly  # LMDB's own map, not a copy
+    assert isinstance(getattr(owner, "obj", owner), mmap.mmap)  # the store's file, mapped: not a copy
+    store.close_for_fork()  # the view outlives the environment (it maps the file, not LMDB's map)
+    assert np.array_equal(a, want)
     # a crop of it is a view too: the resample kernel reads only the window it needs
     assert np.shares_memory(a[10:50, 20:80], a)
 
@@ -198,6 +202,34 @@ def test_two_workers_fill_one_store(image_folder, cache_dir, tmp_path):
     files = _files(image_folder)
     assert _read_back(cache_dir, files)["found"] == len(files)
     assert cache.describe(cache_dir)["entries"] == len(files)
+
+
+def test_workers_forked_after_the_main_process_read_the_cache_still_hit_it(image_folder, cache_dir, tmp_path,
+                                                                          monkeypatch):
+    """The main process holds views into the store when it forks its DataLoader workers: they must open
+    the store themselves and read it (LMDB must not be used across a fork, and py-lmdb refuses to open a
+    store a child inherited open), while the parent's views stay valid."""
+    from torch.utils.data import DataLoader
+    from torchvision.datasets import ImageFolder
+
+    nano_patch.patch_torch(cache_decoded="on", cache_dir=str(cache_dir))
+    make = lambda: T.Compose([T.CenterCrop(100), T.PILToTensor()])  # noqa: E731
+    ds = ImageFolder(str(image_folder), transform=make())
+    held = [ds[i][0] for i in range(len(ds))]  # fills the store, in this process
+    views = [cache.open_store(cache_dir).get(cache.key_material(f)) for f in _files(image_folder)]
+    decoded = tmp_path / "decoded-in-a-worker"
+    real = decode.decode_rgb_reproducibly
+
+    def marked(path, *args, **kwargs):
+        with open(decoded, "a") as f:
+            f.write(f"{os.getpid()} {path}\n")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(decode, "decode_rgb_reproducibly", marked)
+    batches = list(DataLoader(ds, batch_size=3, num_workers=2, persistent_workers=False))
+    assert not decoded.exists(), decoded.read_text()  # every worker read the store
+    assert torch.equal(torch.cat([b[0] for b in batches]), torch.stack(held))
+    assert all(np.array_equal(v, decode.decode_rgb(f)) for v, f in zip(views, _files(image_folder)))
 
 
 def test_two_ranks_fill_one_store_at_once(image_folder, cache_dir, tmp_path):
@@ -312,7 +344,7 @@ def _fill(cache_dir: Path, files: list[Path]) -> None:
     store = cache.open_store(cache_dir)
     for f in files:
         assert store.put(cache.key_material(f), decode.decode_rgb(f))
-    store.check_and_release()
+    store.close_for_fork()  # no environment left open in this process
 
 
 def _cache_lines(stderr: str) -> list[str]:

@@ -2,14 +2,16 @@
 
 Training reads the same files every epoch; only the first epoch needs to decode them. The dataset
 patch asks :func:`store_for` for the store, looks a file up by its key, and on a miss decodes it in
-full and adds the array. A hit is a read-only NumPy view straight into LMDB's memory map: no copy,
-and a planned crop reads only the window it needs.
+full and adds the array. A hit is a read-only NumPy view of the pixels where the store's file holds
+them (mapped into memory): no copy, and a planned crop reads only the window it needs.
 
 Why LMDB: an embedded store made for exactly this (memory-mapped, zero-copy reads, readers in many
 processes without locks, one writer at a time, atomic transactions that a killed writer never
 leaves half-done), and a well-kept Python binding. DataLoader workers and the ranks of a
-multi-instance run each open the store themselves; a handle made before a fork is never used after
-it (each process checks its pid, and a child keeps the objects it inherited alive but unused).
+multi-instance run each open the store themselves: a process closes its LMDB environment just
+before it forks (ending its read transactions first), and both sides reopen it when they next
+need it. LMDB must not be used across a fork, and py-lmdb would refuse to open a store that a child
+inherited open.
 
 What an entry is: a fixed header (magic, format, dtype, channels, height, width, pixel length, the
 length of the key material), the key material itself, padding, then the raw pixels. Every read
@@ -18,11 +20,13 @@ ever executed or unpickled. The key is a digest of: the decoding stack (simplejp
 versions), the output mode, the file's resolved path, its device, inode, size, modification and
 change times. A file changed on disk gets a new key, so it is decoded again, never served stale.
 
-Entries are only ever added: never overwritten, never deleted. That is what lets a view outlive the
-read transaction it came from: LMDB frees a value's pages only when its key is deleted or
-overwritten. (Values small enough to sit inside a B-tree page are copied instead.) ``nano-patch
-cache clear`` and a rebuild rename the store away before removing it, so a process still reading
-it keeps a valid mapping.
+Entries are only ever added: never overwritten, never deleted, and LMDB frees a value's pages only
+when its key is deleted or overwritten, so the bytes of a value never change once written. That is
+what lets a view outlive its read transaction and the environment itself: views map the data file
+with the process's own ``mmap`` (never unmapped; valid in forked children too), not LMDB's map.
+(Values small enough to sit inside a B-tree page are copied instead.) ``nano-patch cache clear`` and
+a rebuild rename the store away before removing it, so a process still reading it keeps a valid
+mapping.
 
 Safety:
 - the folder is created with mode 0700; one owned by another user, or writable by group or others,
@@ -180,8 +184,9 @@ def encode_entry(material: bytes, a: np.ndarray) -> bytes:
     return b"".join((head, material, pad, a.data.cast("B")))
 
 
-def decode_entry(value: Any, material: bytes) -> np.ndarray | None:
-    """The pixels of an entry read back for ``material``, or None if anything about it is wrong."""
+def parse_entry(value: Any, material: bytes) -> tuple[int, tuple[int, ...]] | None:
+    """(offset of the pixels, their shape) in an entry read back for ``material``, or None if anything
+    about it is wrong: magic, format, dtype, channels, sizes, total length, the key material."""
     if len(value) < _ENTRY.size:
         return None
     magic, fmt, dtype, channels, h, w, length, key_length = _ENTRY.unpack_from(value)
@@ -191,8 +196,95 @@ def decode_entry(value: Any, material: bytes) -> np.ndarray | None:
     offset = _pixel_offset(key_length)
     if len(value) != offset + length or value[_ENTRY.size:_ENTRY.size + key_length] != material:
         return None
-    a = np.frombuffer(value, np.uint8, length, offset)
-    return a.reshape((h, w) if channels == 1 else (h, w, channels))
+    return offset, ((h, w) if channels == 1 else (h, w, channels))
+
+
+def decode_entry(value: Any, material: bytes) -> np.ndarray | None:
+    """The pixels of an entry read back for ``material`` (a view of ``value``), or None if it is wrong."""
+    entry = parse_entry(value, material)
+    if entry is None:
+        return None
+    offset, shape = entry
+    return np.frombuffer(value, np.uint8, int(np.prod(shape)), offset).reshape(shape)
+
+
+class _StoreFile:
+    """This process's own read-only maps of a store's data file, for zero-copy views of its values.
+
+    LMDB hands out values as memory inside its own map, which goes away when the environment is closed
+    (and it must be closed before a fork). The same bytes are read here through maps of the file made
+    with ``mmap``, which are never unmapped, stay valid in forked children, and never change under a
+    view: a value's pages are only written once (entries are only added). Where the file cannot be
+    mapped or located (not Linux, a store replaced since it was opened), values are copied instead.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._ino: int | None = None
+        self._lmdb_map: tuple[int, int, int] | None = None  # (start, end, file offset of start)
+        self._maps: list[np.ndarray] = []  # whole-file maps, each as long as the file was when made
+
+    def opened(self) -> None:
+        """The environment was (re)opened: its map may sit elsewhere, its file may be a new one."""
+        try:
+            ino = os.stat(self.path).st_ino
+        except OSError:
+            ino = None
+        if ino != self._ino:
+            self._ino, self._maps = ino, []  # old maps stay alive in the views made from them
+        self._lmdb_map = None
+
+    def view(self, value: Any, offset: int, length: int) -> np.ndarray | None:
+        addr = np.frombuffer(value, np.uint8, 1).__array_interface__["data"][0]
+        where = self._lmdb_map
+        if where is None or not where[0] <= addr < where[1]:
+            where = self._lmdb_map = _mapping_of(addr, self._ino)
+            if where is None:
+                return None
+        start = addr - where[0] + where[2] + offset
+        for a in reversed(self._maps):
+            if start + length <= a.size:
+                return a[start:start + length]
+        a = self._map_file()
+        if a is None or start + length > a.size:
+            return None
+        return a[start:start + length]
+
+    def _map_file(self) -> np.ndarray | None:
+        import mmap
+
+        try:
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if st.st_ino != self._ino or st.st_size == 0:
+                return None  # replaced since the environment was opened: copy instead
+            a = np.frombuffer(mmap.mmap(fd, st.st_size, prot=mmap.PROT_READ), np.uint8)
+        except (OSError, ValueError):
+            return None
+        finally:
+            os.close(fd)
+        self._maps.append(a)
+        return a
+
+
+def _mapping_of(addr: int, ino: int | None) -> tuple[int, int, int] | None:
+    """(start, end, file offset) of this process's mapping of file ``ino`` that holds ``addr``."""
+    if ino is None:
+        return None
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                fields = line.split(maxsplit=5)
+                start, _, end = fields[0].partition("-")
+                lo, hi = int(start, 16), int(end, 16)
+                if lo <= addr < hi:
+                    return (lo, hi, int(fields[2], 16)) if int(fields[4]) == ino else None
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 # --- the store ----------------------------------------------------------------------------------
@@ -237,9 +329,9 @@ class Store:
         self.no_writes: str | None = None  # why this process adds no more entries
         self._env: Any = None
         self._pid: int | None = None
-        self._views_out = False  # this process handed out views into the map: never close it
-        self._local = threading.local()
+        self._txns: dict[int, Any] = {}  # thread -> its kept read transaction (aborted before a fork)
         self._write_lock = threading.Lock()
+        self._pixels = _StoreFile(self.path / "data.mdb")
 
     # -- opening
 
@@ -248,12 +340,13 @@ class Store:
         if self._pid == os.getpid():
             return self._env
         self._pid = os.getpid()
-        _keep_forever(self._env, getattr(self._local, "txn", None))  # inherited: never used, never freed here
-        self._env, self._local = None, threading.local()
+        self._env, self._txns = None, {}
         try:
             self._env = self._open()
         except StoreDamaged as exc:  # a rebuild failed too
             self.off = str(exc)
+        if self._env is not None:
+            self._pixels.opened()
         if self._env is None and self.off:
             _warn_once(f"off:{self.folder}", f"decoded-image cache off for this run: {self.off}")
         return self._env
@@ -311,7 +404,7 @@ class Store:
         try:
             self._check(lmdb, env, new)
         except StoreDamaged:
-            _keep_forever(env)  # nothing was read from it; it is simply never used again
+            env.close()  # nothing was read from it
             raise
         return env
 
@@ -358,12 +451,13 @@ class Store:
     # -- reading
 
     def _read_txn(self, env: Any, fresh: bool = False) -> Any:
-        txn = getattr(self._local, "txn", None)
+        me = threading.get_ident()
+        txn = self._txns.get(me)
         if fresh and txn is not None:
             txn.abort()
             txn = None
         if txn is None:
-            txn = self._local.txn = env.begin(buffers=True)
+            txn = self._txns[me] = env.begin(buffers=True)
         return txn
 
     def get(self, material: bytes) -> np.ndarray | None:
@@ -390,43 +484,47 @@ class Store:
                 break
         if value is None:
             return None
-        a = decode_entry(value, material)
-        if a is None:
+        entry = parse_entry(value, material)
+        if entry is None:
             self._mark_damaged(env)
             self._switch_off("an entry failed its check: the store is damaged, and is rebuilt next run")
             return None
-        if len(value) <= 4096:  # small values live inside B-tree pages, which later writes reuse
-            a = a.copy()
-        else:
-            self._views_out = True
-        return a
+        offset, shape = entry
+        length = int(np.prod(shape))
+        if len(value) > 4096:
+            # The value's own pages are never rewritten (entries are only added), so it can be read where
+            # the file holds it, through this process's own map of the file, which outlives LMDB's.
+            a = self._pixels.view(value, offset, length)
+            if a is not None:
+                return a.reshape(shape)
+        # small values live inside B-tree pages, which later writes reuse: copied
+        return np.frombuffer(value, np.uint8, length, offset).reshape(shape).copy()
 
     def _adopt_map_size(self, env: Any) -> None:
         """Another process mapped the store larger (a larger explicit cap): map it at that size too."""
         import lmdb
 
-        txn = getattr(self._local, "txn", None)
+        txn = self._txns.pop(threading.get_ident(), None)
         if txn is not None:
             txn.abort()
-            self._local.txn = None
         try:
             env.set_mapsize(0)
         except lmdb.Error as exc:  # another thread of this process is reading: give up on the store
             self._switch_off(f"cannot re-map the store ({exc})")
 
-    def check_and_release(self) -> None:
-        """Open and check the store now (rebuilding it if damaged), then close it unless views are out.
-
-        Called where a DataLoader is built, before its workers start: any warning comes once, from
-        this process, and no open handle is carried into the workers, which open their own.
-        """
-        env = self.env()
-        if env is not None and not self._views_out:
-            txn = getattr(self._local, "txn", None)
-            if txn is not None:
+    def close_for_fork(self) -> None:
+        """Before a fork: end this process's transactions and close its environment (both sides reopen it
+        when they next need it). LMDB must not be used across a fork, and py-lmdb refuses a second open
+        of a store that a child inherited open. Views stay valid: they map the file, not LMDB."""
+        if self._pid != os.getpid() or self._env is None:
+            return
+        for txn in self._txns.values():
+            with contextlib.suppress(Exception):
                 txn.abort()
-            env.close()
-            self._env, self._pid, self._local = None, None, threading.local()
+        self._txns = {}
+        with contextlib.suppress(Exception):
+            self._env.close()
+        self._env, self._pid = None, None
 
     # -- writing
 
@@ -471,8 +569,8 @@ class Store:
 
     def _switch_off(self, why: str) -> None:
         self.off = why
-        _keep_forever(self._env)  # views handed out may still point into its map
-        self._env = None
+        self.close_for_fork()  # views map the file itself, not LMDB: closing leaves them valid
+        self._env, self._pid = None, os.getpid()
         _warn_once(f"off:{self.folder}", f"decoded-image cache off for the rest of this run: {why}")
 
     @staticmethod
@@ -483,13 +581,6 @@ class Store:
             txn.put(FORMAT_KEY, b"damaged")
 
 
-#: Environments and transactions never to be closed or freed in this process: those inherited over
-#: a fork (their reader slots belong to the parent), and any that views may still point into.
-_kept: list[Any] = []
-
-
-def _keep_forever(*objects: Any) -> None:
-    _kept.extend(o for o in objects if o is not None)
 
 
 # --- keys -------------------------------------------------------------------------------------
@@ -675,7 +766,7 @@ def prepare(dataset: Any) -> None:
         return
     store = store_for(root)
     if store is not None:
-        store.check_and_release()
+        store.env()
 
 
 def _root(dataset: Any) -> Any:
@@ -756,13 +847,12 @@ def human_bytes(n: float) -> str:
 # --- after a fork ---------------------------------------------------------------------------------
 
 
-def _after_fork_in_child() -> None:
+def _before_fork() -> None:
     for store in list(_stores.values()):
-        _keep_forever(store._env, getattr(store._local, "txn", None))
-        store._env, store._pid, store._local = None, None, threading.local()
+        store.close_for_fork()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_before_fork)
 
 
 # --- listing and clearing (``nano-patch cache``) -------------------------------------------------------
