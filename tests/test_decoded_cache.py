@@ -6,6 +6,7 @@ Every pixel check compares with stock torchvision (no patch) or with a fresh dec
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -204,6 +205,12 @@ def test_two_workers_fill_one_store(image_folder, cache_dir, tmp_path):
     assert cache.describe(cache_dir)["entries"] == len(files)
 
 
+def _note_inherited_handles(cache_dir: Path, out: Path, worker_id: int) -> None:
+    store = cache.open_store(cache_dir)
+    with open(out, "a") as f:
+        f.write("closed\n" if store._env is None and not store._txns else "open\n")
+
+
 def test_workers_forked_after_the_main_process_read_the_cache_still_hit_it(image_folder, cache_dir, tmp_path,
                                                                           monkeypatch):
     """The main process holds views into the store when it forks its DataLoader workers: they must open
@@ -217,16 +224,19 @@ def test_workers_forked_after_the_main_process_read_the_cache_still_hit_it(image
     ds = ImageFolder(str(image_folder), transform=make())
     held = [ds[i][0] for i in range(len(ds))]  # fills the store, in this process
     views = [cache.open_store(cache_dir).get(cache.key_material(f)) for f in _files(image_folder)]
-    decoded = tmp_path / "decoded-in-a-worker"
-    real = decode.decode_rgb_reproducibly
+    decoded = tmp_path / "read-in-a-worker"
+    real = decode.read_bytes
 
-    def marked(path, *args, **kwargs):
+    def marked(path, *args, **kwargs):  # every decode path reads the file; a hit reads none
         with open(decoded, "a") as f:
             f.write(f"{os.getpid()} {path}\n")
         return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(decode, "decode_rgb_reproducibly", marked)
-    batches = list(DataLoader(ds, batch_size=3, num_workers=2, persistent_workers=False))
+    monkeypatch.setattr(decode, "read_bytes", marked)
+    inherited = tmp_path / "inherited-open"
+    batches = list(DataLoader(ds, batch_size=3, num_workers=2, persistent_workers=False,
+                              worker_init_fn=functools.partial(_note_inherited_handles, cache_dir, inherited)))
+    assert inherited.read_text().split() == ["closed", "closed"]  # no LMDB handle crossed the fork
     assert not decoded.exists(), decoded.read_text()  # every worker read the store
     assert torch.equal(torch.cat([b[0] for b in batches]), torch.stack(held))
     assert all(np.array_equal(v, decode.decode_rgb(f)) for v, f in zip(views, _files(image_folder)))
