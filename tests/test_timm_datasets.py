@@ -143,3 +143,25 @@ def test_other_readers_and_modes_run_timm_code(image_folder, monkeypatch):
     assert calls == []
     assert all(a.mode == "L" and np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(got, stock))
     assert got_raw == raw
+
+
+def test_the_report_counts_timms_samples_through_the_patch_and_those_left_to_timm(image_folder, tmp_path):
+    from timm.data import ImageDataset, create_transform
+
+    from nano_patch import report
+
+    nano_patch.patch_torch()
+    report.stats = report.Stats(str(tmp_path))
+    try:
+        ds = ImageDataset(str(image_folder), transform=create_transform(96, is_training=True,
+                                                                         auto_augment="rand-m9-mstd0.5"))
+        for i in range(len(ds)):
+            ds[i]
+        grey = ImageDataset(str(image_folder), input_img_mode="L")
+        grey[0]
+        counts = dict(report.stats.counts)
+    finally:
+        report.stats = None
+    assert counts[("timm_datasets", True, "sample decoded and transformed through the patch")] == len(ds)
+    assert counts[("timm_datasets", False, "input_img_mode other than RGB: timm code")] == 1
+    assert not any(key[0] == "vision_transforms" and not key[1] for key in counts), counts  # RandAugment planned

@@ -243,3 +243,66 @@ def test_timm_pipelines_match_stock(photos):
     assert plan.plan_for(train()).describe() == [
         "RandomResizedCropAndInterpolation: native", "RandomHorizontalFlip: native", "ColorJitter: native",
         "MaybeToTensor: tail", "Normalize: tail"]
+
+
+TIMM_POLICIES = ["rand-m9-mstd0.5", "rand-m9-n3-mstd0.5-inc1", "rand-m7-mstd101-inc1", "rand-m9-mstd0.5-tweights",
+                 "rand-m9-mmax15-p0.8-t3a",
+                 "original-mstd0.5", "v0r"]
+
+
+@pytest.mark.parametrize("policy", TIMM_POLICIES)
+def test_timm_policies_run_from_the_plan_as_stock(photos, policy):
+    """timm's RandAugment and AutoAugment: timm's draws (NumPy's choice, Python's probability, magnitude
+    noise, sign and filter) in timm's order, each op a kernel; bilinear and bicubic warps with the fill."""
+    from timm.data import create_transform
+
+    def make():
+        return create_transform(96, is_training=True, auto_augment=policy, re_prob=0.25)
+
+    _compare(make, _images(photos), seed=3, repeat=4)
+    nano_patch.patch_torch()
+    try:
+        described = plan.plan_for(make()).describe()
+    finally:
+        nano_patch.unpatch_torch()
+    assert not any(d.endswith("stock") for d in described[:-1]), described  # RandomErasing: a tensor step
+
+
+def test_every_timm_op_at_every_magnitude_equals_timms_own(photos):
+    """Each timm op (probability 1) on RGB and L at magnitudes 0..10 and past timm's usual bound, with and
+    without magnitude noise, through the plan against stock: pixels, info, errors and every generator."""
+    import timm.data.auto_augment as aa
+
+    images = [photos[0].resize((67, 53)), photos[1].convert("L").resize((40, 47))]
+    cases = []
+    for name in sorted(aa.NAME_TO_OP):
+        for magnitude in (0, 1, 3, 5, 7, 9, 10, 13):
+            for mstd in (0, 0.5):
+                for im in images:
+                    hparams = {"translate_const": 20, "img_mean": (124, 116, 104) if im.mode == "RGB" else 110,
+                               "magnitude_max": 15, "magnitude_std": mstd}
+                    op = aa.AugmentOp(name, prob=1.0, magnitude=magnitude, hparams=hparams)
+                    cases.append((name, magnitude, T.Compose([aa.RandAugment([op], num_layers=1)]), im))
+
+    def run_all():
+        out = []
+        for k, (_, _, tf, im) in enumerate(cases):
+            seed_all(k)
+            try:
+                got = tf(im)
+            except Exception as exc:  # noqa: BLE001 - compared with stock's
+                got = (type(exc), str(exc))
+            out.append((got, rng_state()))
+        return out
+
+    want = run_all()
+    nano_patch.patch_torch()
+    try:
+        got = run_all()
+        described = {tuple(plan.plan_for(tf).describe()) for _, _, tf, _ in cases}
+    finally:
+        nano_patch.unpatch_torch()
+    for (name, magnitude, _, im), (w, w_rng), (g, g_rng) in zip(cases, want, got):
+        assert not rng_differences(g_rng, w_rng), (name, magnitude, im.mode)
+        assert _same(w, g), (name, magnitude, im.mode, w, g)
+    assert described == {("RandAugment: native",)}

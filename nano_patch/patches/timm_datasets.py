@@ -23,9 +23,11 @@ from .. import report
 from ..config import Options
 from ..registry import Patch
 
+PATCH_NAME = "timm_datasets"
+
 
 class TimmDatasetsPatch(Patch):
-    name: ClassVar[str] = "timm_datasets"
+    name: ClassVar[str] = PATCH_NAME
     group: ClassVar[str] = "vision"
     target: ClassVar[str] = "timm.data"
     requires: ClassVar[dict[str, str]] = {"timm": ">=1.0,<2", "torchvision": ">=0.19,<0.30", "simplejpeg": ">=1.6,<2"}
@@ -60,9 +62,17 @@ def _getitem(reader_cls: type, reader_methods: dict[str, Any]) -> Callable[..., 
 
     def getitem(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         reader = getattr(instance, "reader", None)
-        if (len(args) != 1 or kwargs or type(reader) is not reader_cls or vars(reader_cls).get("__getitem__")
-                is not stock_getitem or getattr(instance, "load_bytes", True)
-                or getattr(instance, "input_img_mode", None) != "RGB"):
+        why = None
+        if len(args) != 1 or kwargs:
+            why = "called with other arguments than an index: timm code"
+        elif type(reader) is not reader_cls or vars(reader_cls).get("__getitem__") is not stock_getitem:
+            why = "a reader other than timm's folder reader: timm code"
+        elif getattr(instance, "load_bytes", True):
+            why = "load_bytes=True: timm code"
+        elif getattr(instance, "input_img_mode", None) != "RGB":
+            why = "input_img_mode other than RGB: timm code"
+        if why is not None:
+            report.count(PATCH_NAME, False, why)
             return wrapped(*args, **kwargs)
         index = args[0]
         stats = report.stats
@@ -81,6 +91,7 @@ def _getitem(reader_cls: type, reader_methods: dict[str, Any]) -> Callable[..., 
             raise RuntimeError(f"Failed to load {instance._max_retries} consecutive samples")
         if stats is not None:
             stats.add_seconds("load", time.perf_counter() - start)
+            stats.count(PATCH_NAME, True, "sample decoded and transformed through the patch")
         if target is None:
             target = -1
         elif instance.target_transform is not None:

@@ -658,6 +658,123 @@ def _run_v2_trivial_augment_wide(t: Any, px: Pixels) -> Pixels:
     return _v2_op(t, px, name, _v2_magnitude(magnitudes, index, signed))
 
 
+# --- timm's AutoAugment and RandAugment: timm's own draws (NumPy's and Python's random), in timm's order ---
+
+#: timm.data.auto_augment, once a plan has met one of its policies; its AugmentOp.__call__ as first seen.
+_timm_aa: Any = None
+_timm_op_call: Any = None
+
+
+def _timm_point(kernel: Callable[..., np.ndarray]) -> Callable[..., Pixels]:
+    def run(px: Pixels, *args: Any, **_: Any) -> Pixels:
+        a = px.unflipped()
+        out = kernel(a, *args)
+        if out is not a:
+            px.base, px.owned = out, True
+        return px
+    return run
+
+
+def _timm_colour(op: tuple[Callable[..., np.ndarray], str, bool]) -> Callable[..., Pixels]:
+    def run(px: Pixels, factor: Any, **_: Any) -> Pixels:
+        if not (isinstance(factor, (int, float)) and factor >= 0):
+            raise UseStock  # ImageEnhance takes what torchvision's checks refuse: timm's own function decides
+        return _colour(px, op, float(factor))
+    return run
+
+
+def _timm_sharpness(px: Pixels, factor: Any, **_: Any) -> Pixels:
+    if not (isinstance(factor, (int, float)) and factor >= 0):
+        raise UseStock
+    px.base, px.owned = K.adjust_sharpness(px.array(), float(factor)), True  # not per pixel: flip first
+    return px
+
+
+def _timm_solarize_add(px: Pixels, add: Any, thresh: Any = 128, **_: Any) -> Pixels:
+    table = np.array([min(255, i + add) if i < thresh else i for i in range(256)])
+    if table.dtype.kind not in "iu" or table.min() < 0 or table.max() > 255:
+        raise UseStock  # PIL's point decides what it makes of such a table
+    return _timm_point(lambda a: K._lut(a, table))(px)
+
+
+def _timm_posterize(px: Pixels, bits: Any, **_: Any) -> Pixels:
+    if isinstance(bits, (int, float)) and bits >= 8:
+        return px  # timm returns the image as it is
+    return _timm_point(K.posterize)(px, bits)
+
+
+def _timm_kernels(aa: Any) -> dict[Any, Callable[..., Pixels]]:
+    """timm's ImageOps and ImageEnhance ops as kernels on the array; its warps (``img.transform``,
+    ``img.rotate``) reach the native warp through the patch's image, so they run timm's own function."""
+    return {aa.auto_contrast: _timm_point(K.autocontrast), aa.equalize: _timm_point(K.equalize),
+            aa.invert: _timm_point(K.invert), aa.solarize: _timm_point(K.solarize),
+            aa.solarize_add: _timm_solarize_add, aa.posterize: _timm_posterize,
+            aa.brightness: _timm_colour(_JITTER[0]), aa.contrast: _timm_colour(_JITTER[1]),
+            aa.color: _timm_colour(_JITTER[2]), aa.sharpness: _timm_sharpness}
+
+
+def _timm_check(t: Any, ops: Any) -> dict[Any, Callable[..., Pixels]]:
+    """Before any draw: timm's module as the plan knows it, and every op a stock ``AugmentOp``."""
+    global _timm_aa, _timm_op_call
+    import sys
+
+    aa = sys.modules.get(type(t).__module__)
+    if aa is None or not str(getattr(sys.modules.get("timm"), "__version__", "")).startswith("1."):
+        raise UseStock  # AugmentOp's draws are reproduced as timm 1.x makes them
+    if _timm_aa is not aa:
+        _timm_aa, _timm_op_call = aa, vars(aa.AugmentOp).get("__call__")
+        _timm_aa_kernels.clear()
+        _timm_aa_kernels.update(_timm_kernels(aa))
+    for op in ops:
+        if type(op) is not aa.AugmentOp or vars(aa.AugmentOp).get("__call__") is not _timm_op_call:
+            raise UseStock
+    return _timm_aa_kernels
+
+
+_timm_aa_kernels: dict[Any, Callable[..., Pixels]] = {}
+
+
+def _timm_op(op: Any, px: Pixels, kernels: dict[Any, Callable[..., Pixels]]) -> Pixels:
+    """timm's ``AugmentOp.__call__``: its draws (the probability, the magnitude's noise, the level's sign,
+    the filter), then the op as a kernel, or timm's own function on the patch's image."""
+    if op.prob < 1.0 and random.random() > op.prob:
+        return px
+    magnitude = op.magnitude
+    if op.magnitude_std > 0:
+        if op.magnitude_std == float("inf"):
+            magnitude = random.uniform(0, magnitude)
+        elif op.magnitude_std > 0:
+            magnitude = random.gauss(magnitude, op.magnitude_std)
+    upper_bound = op.magnitude_max or _timm_aa._LEVEL_DENOM
+    magnitude = max(0., min(magnitude, upper_bound))
+    level_args = op.level_fn(magnitude, op.hparams) if op.level_fn is not None else tuple()
+    kernel = kernels.get(op.aug_fn)
+    if kernel is not None:
+        try:
+            return kernel(px, *level_args, **op.kwargs)
+        except Exception:  # noqa: BLE001 - a kernel raises before it changes ``px``: timm's op decides
+            pass
+    result = op.aug_fn(px.image(), *level_args, **op.kwargs)
+    if isinstance(result, Image.Image) and result.mode in ("RGB", "L"):
+        return Pixels.of(result)
+    raise _Left(result)
+
+
+def _run_timm_rand_augment(t: Any, px: Pixels) -> Pixels:
+    kernels = _timm_check(t, t.ops)
+    ops = np.random.choice(t.ops, t.num_layers, replace=t.choice_weights is None, p=t.choice_weights)
+    for op in ops:
+        px = _timm_op(op, px, kernels)
+    return px
+
+
+def _run_timm_auto_augment(t: Any, px: Pixels) -> Pixels:
+    kernels = _timm_check(t, [op for sub_policy in t.policy for op in sub_policy])
+    for op in random.choice(t.policy):
+        px = _timm_op(op, px, kernels)
+    return px
+
+
 _torch: Any = None
 _RUNNERS: dict[str, Callable[[Any, Pixels], Any]] = {
     "Resize": _run_resize,
@@ -674,11 +791,14 @@ _RUNNERS: dict[str, Callable[[Any, Pixels], Any]] = {
     "RandAugment": _run_rand_augment,
     "TrivialAugmentWide": _run_trivial_augment_wide,
     "AugMix": _run_augmix,
+    "timm.RandAugment": _run_timm_rand_augment,
+    "timm.AutoAugment": _run_timm_auto_augment,
 }
 #: Classes of other libraries the plan knows, recorded the first time a plan meets them:
 #: (module, name). timm's transforms call torchvision's functional kernels with its own draws.
 _OTHERS = {("timm.data.transforms", "RandomResizedCropAndInterpolation"), ("timm.data.transforms", "MaybeToTensor"),
-           ("timm.data.transforms", "MaybePILToTensor")}
+           ("timm.data.transforms", "MaybePILToTensor"), ("timm.data.auto_augment", "RandAugment"),
+           ("timm.data.auto_augment", "AutoAugment")}
 #: The methods a known class must still have (stock's), or its instances run stock code.
 _STOCK_METHODS: dict[type, dict[str, Any]] = {}
 _CLASSES: dict[str, type] = {}
@@ -696,7 +816,8 @@ def configure(transforms: Any) -> None:
     _GREY_BY_POSITION = sysinfo.pillow_is_simd()
     _STOCK_METHODS.clear()
     _CLASSES.clear()
-    others = {name for _, name in _OTHERS}
+    others = {name for module, name in _OTHERS if module != "timm.data.auto_augment"} | {
+        "timm.RandAugment", "timm.AutoAugment"}
     for name in (*(n for n in _RUNNERS if n not in others), "ToTensor", "PILToTensor", "ConvertImageDtype",
                  "Normalize"):
         cls = getattr(transforms, name)
@@ -706,9 +827,14 @@ def configure(transforms: Any) -> None:
     _plans.clear()
 
 
+def _class_key(cls: type) -> str:
+    """The name the plan knows a class by: timm's policies share torchvision's class names."""
+    return f"timm.{cls.__name__}" if cls.__module__ == "timm.data.auto_augment" else cls.__name__
+
+
 def _record_other(cls: type) -> None:
-    if (cls.__module__, cls.__name__) in _OTHERS and cls.__name__ not in _CLASSES:
-        _CLASSES[cls.__name__] = cls
+    if (cls.__module__, cls.__name__) in _OTHERS and _class_key(cls) not in _CLASSES:
+        _CLASSES[_class_key(cls)] = cls
         _STOCK_METHODS[cls] = {m: vars(cls)[m] for m in ("forward", "__call__", "get_params") if m in vars(cls)}
 
 
@@ -798,7 +924,7 @@ class Plan:
         self.tails: dict[int, Tail] = {}
         for i, t in enumerate(items):
             _record_other(type(t))
-            name = type(t).__name__
+            name = _class_key(type(t))
             self.runners.append(_RUNNERS[name] if name in _RUNNERS and _is_stock(t, name) else None)
             if i not in self.tails and not any(i in range(j, j + len(tail)) for j, tail in self.tails.items()):
                 tail = _find_tail(items, i)
