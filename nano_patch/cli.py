@@ -66,11 +66,28 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line, where ``run -m MODULE`` ends nano-patch's options as ``python -m`` does: whatever
+    follows the module is the module's own, options included (``nano-patch run -m pytest -q``)."""
+    parser = _parser()
+    if argv and argv[0] == "run":
+        for i, token in enumerate(argv):
+            if token == "--":
+                break
+            if token == "-m" and i + 1 < len(argv):
+                head = parser.parse_args(argv[:i + 2])
+                if not head.args:  # else `-m` came after the script: it is the script's
+                    head.args = argv[i + 2:]
+                    return head
+                break
+    return parser.parse_args(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help"):
         argv = ["run", *argv]  # `python -m nano_patch train.py ...`
-    args = _parser().parse_args(argv)
+    args = parse_args(argv)
     if args.command == "run":
         return _run(args)
     if args.command == "status":

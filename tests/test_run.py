@@ -241,3 +241,27 @@ def test_fallbacks_are_counted_with_reasons(tmp_path, photos):
 def test_report_off_installs_nothing():
     nano_patch.patch_torch()
     assert report.stats is None and report.REPORT_DIR_ENV not in os.environ
+
+
+@pytest.mark.parametrize("argv, module, rest, fast", [
+    (["run", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x"], "pytest", ["-q", "-p", "no:cacheprovider", "-x"],
+     False),
+    (["run", "--fast", "-m", "pkg.train", "--fast", "--epochs", "2"], "pkg.train", ["--fast", "--epochs", "2"], True),
+    (["run", "--precision", "bf16", "-m", "pkg.train"], "pkg.train", [], False),
+    (["run", "train.py", "-m", "x", "-q"], None, ["train.py", "-m", "x", "-q"], False),
+    (["run", "--", "train.py", "-q"], None, ["--", "train.py", "-q"], False),
+])
+def test_options_after_the_module_are_the_modules_own(argv, module, rest, fast):
+    """`nano-patch run -m pytest -q` passes `-q` to pytest, as `python -m pytest -q` does."""
+    from nano_patch import cli
+
+    args = cli.parse_args(argv)
+    assert (args.module, args.args, args.fast) == (module, rest, fast)
+
+
+def test_an_unknown_option_before_the_module_is_still_refused(capsys):
+    from nano_patch import cli
+
+    with pytest.raises(SystemExit):
+        cli.parse_args(["run", "--no-such-flag", "-m", "pytest"])
+    assert "--no-such-flag" in capsys.readouterr().err
