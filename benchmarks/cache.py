@@ -41,7 +41,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "examples"))
 
-from vision import PIPELINES, decode_only, machine, torchvision_pipeline  # noqa: E402
+from vision import PIPELINES, decode_only, grouped_bars, machine, torchvision_pipeline  # noqa: E402
 
 SIDES = ("stock", "cache off", "cold cache", "warm cache")
 
@@ -232,12 +232,10 @@ def chart(result: dict, path: Path) -> None:
     names = list(med)
     cols = list(next(iter(med.values())))
     fig, ax = plt.subplots(figsize=(10, 4.5))
-    width = 0.8 / len(cols)
-    for i, c in enumerate(cols):
-        ax.bar([x + i * width for x in range(len(names))], [med[n][c] for n in names], width, label=c)
+    ticks = grouped_bars(ax, names, cols, lambda n, c: med[n][c])
     if result["workers"] == 0:
         ax.axhline(result["decode_only"], color="k", ls="--", lw=1, label="decode only")
-    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(names))], names)
+    ax.set_xticks(ticks, names)
     ax.set_ylabel("images / s through the DataLoader")
     where = "one core" if result["workers"] == 0 else f"{result['workers']} workers"
     ax.set_title(f"decoded-image cache, {where}\n{result['machine']}", fontsize=9)

@@ -41,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from vision import RESULTS, machine  # noqa: E402
+from vision import RESULTS, grouped_bars, machine  # noqa: E402
 
 COLUMNS = ("full", "full, system libjpeg", "crop", "crop, stop after window")
 Window = tuple[int, int, int, int]
@@ -266,11 +266,8 @@ def chart(result: dict, path: Path) -> None:
     med = result["us_per_image"]
     cases = list(med)
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [3, 1]})
-    width = 0.8 / len(COLUMNS)
-    for i, c in enumerate(COLUMNS):
-        ax.bar([x + i * width for x in range(len(cases))], [med[k][c] / med[k]["full"] for k in cases], width,
-               label=c)
-    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(cases))],
+    ticks = grouped_bars(ax, cases, list(COLUMNS), lambda k, c: med[k][c] / med[k]["full"])
+    ax.set_xticks(ticks,
                   [k.replace(", ", ",\n", 1) + f"\n(full: {med[k]['full']:.0f} us)" for k in cases], fontsize=6.5)
     ax.set_ylabel("time per image / simplejpeg's full decode, one core")
     ax.set_title("crop-region decode against the full decode", fontsize=9)

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from vision import RESULTS, machine  # noqa: E402
+from vision import RESULTS, grouped_bars, machine  # noqa: E402
 
 
 def cases() -> tuple[list, list]:
@@ -152,10 +152,8 @@ def chart(result: dict, path: Path) -> None:
     cols = list(med)
     kinds = list(next(iter(med.values())))
     fig, ax = plt.subplots(figsize=(8, 4))
-    width = 0.8 / len(cols)
-    for i, c in enumerate(cols):
-        ax.bar([x + i * width for x in range(len(kinds))], [med[c][k] for k in kinds], width, label=c)
-    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(kinds))], kinds)
+    ticks = grouped_bars(ax, kinds, cols, lambda k, c: med[c][k])
+    ax.set_xticks(ticks, kinds)
     ax.set_ylabel("microseconds per resize (lower is better)")
     ax.set_title(f"bilinear resize of real photos, one core\n{result['machine']}", fontsize=9)
     ax.legend(fontsize=8)

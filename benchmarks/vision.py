@@ -257,6 +257,15 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def grouped_bars(ax, groups: list, series: list, value) -> list[float]:
+    """One bar per (group, series), the series side by side in each group; ``value(group, series)`` is a
+    bar's height. Returns the x position of each group's centre, for its tick."""
+    width = 0.8 / len(series)
+    for i, c in enumerate(series):
+        ax.bar([x + i * width for x in range(len(groups))], [value(g, c) for g in groups], width, label=c)
+    return [x + 0.4 - width / 2 for x in range(len(groups))]
+
+
 def chart(result: dict, path: Path) -> None:
     import matplotlib
 
@@ -268,11 +277,9 @@ def chart(result: dict, path: Path) -> None:
     cols = [c for c in ("stock", "patched", "stock+simd", "patched+simd", "albumentations")
             if any(c in v for v in med.values())]
     fig, ax = plt.subplots(figsize=(11, 4.8))
-    width = 0.8 / len(cols)
-    for i, c in enumerate(cols):
-        ax.bar([x + i * width for x in range(len(names))], [med[n].get(c, 0) for n in names], width, label=c)
+    ticks = grouped_bars(ax, names, cols, lambda n, c: med[n].get(c, 0))
     ax.axhline(result["decode_only"], color="k", ls="--", lw=1, label="decode only")
-    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(names))],
+    ax.set_xticks(ticks,
                   [n.replace(", ", ",\n").replace(" + ", "\n+ ") for n in names], fontsize=7)
     ax.set_ylabel("images / s, one core, through the DataLoader")
     ax.set_title(f"torchvision pipelines from JPEG file to batch\n{result['machine']}", fontsize=9)

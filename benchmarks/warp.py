@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from vision import RESULTS, machine  # noqa: E402
+from vision import RESULTS, grouped_bars, machine  # noqa: E402
 
 #: case kind -> (filter number, perspective)
 KINDS = {
@@ -201,10 +201,8 @@ def chart(result: dict, path: Path) -> None:
     cols = list(med)
     kinds = list(next(iter(med.values())))
     fig, ax = plt.subplots(figsize=(10, 4.2))
-    width = 0.8 / len(cols)
-    for i, c in enumerate(cols):
-        ax.bar([x + i * width for x in range(len(kinds))], [med[c][k] for k in kinds], width, label=c)
-    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(kinds))], kinds, fontsize=8)
+    ticks = grouped_bars(ax, kinds, cols, lambda k, c: med[c][k])
+    ax.set_xticks(ticks, kinds, fontsize=8)
     ax.set_ylabel("microseconds per warp (lower is better)")
     ax.set_title(f"Image.transform of 224 px real photo crops, one core\n{result['machine']}", fontsize=9)
     ax.legend(fontsize=8)

@@ -128,7 +128,7 @@ def _import_jpeg() -> ModuleType:
         return _jpeg_module
     if _jpeg_error is not None:
         raise NativeUnavailable(_jpeg_error)
-    if os.environ.get(NO_NATIVE_ENV, "").strip() not in ("", "0"):
+    if extension.switched_off():
         _jpeg_error = f"{NO_NATIVE_ENV} is set"
         raise NativeUnavailable(_jpeg_error)
     try:
