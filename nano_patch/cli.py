@@ -45,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
                               help=text.replace("%", "%%"))
         else:
             metavar = {"num_processes": "N|auto", "cpu_for_each_process": "'0,1;2,3'", "precision": "32|bf16",
-                       "cache_dir": "PATH"}
+                       "cache_dir": "PATH", "loader_threads": "N|auto|off"}
             opts.add_argument(flag, dest=field, default=None, metavar=metavar.get(field, "VALUE"),
                               help=text.replace("%", "%%"))
     run.add_argument("args", nargs=argparse.REMAINDER, help="script path and its arguments")

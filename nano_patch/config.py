@@ -47,6 +47,7 @@ class Options:
     uint8_batches: bool = True
     cache_decoded: str | int = "off"
     cache_dir: str | None = None
+    loader_threads: int | str = "auto"
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(Options))
@@ -55,7 +56,7 @@ BOOLEAN_FIELDS = ("vision", "dataloader", "trainer", "channels_last", "scaled_de
 # What each option does, for `nano-patch run --help`.
 DESCRIPTIONS = {
     "vision": "accelerated torchvision datasets and transforms",
-    "dataloader": "DataLoader thread caps, worker defaults and uint8 batches",
+    "dataloader": "DataLoader batch-parallel loading on threads, worker thread caps and uint8 batches",
     "trainer": "BigDL-Nano's Trainer arguments",
     "num_processes": "multi-instance CPU data-parallel training: processes per node",
     "cpu_for_each_process": "explicit cores for each process",
@@ -67,6 +68,8 @@ DESCRIPTIONS = {
     "cache_decoded": "keep decoded images in an on-disk store shared by all processes, so later epochs skip "
                      "JPEG decoding",
     "cache_dir": "the private folder of the decoded-image cache (default: ~/.cache/nano-patch/decoded-images)",
+    "loader_threads": "threads that load each batch of a num_workers=0 DataLoader (decode and transforms, with "
+                      "stock's draws in stock's order); auto = the usable cores",
 }
 
 # What each option accepts, for error messages and the README table.
@@ -84,6 +87,8 @@ ACCEPTED = {
     "cache_decoded": 'on, off, auto (what --fast sets: on when the dataset fits the budget), or a size cap '
                      'of at least 1MB such as 20GB, 512MB, 2GiB',
     "cache_dir": "a folder path (created with mode 0700; refused if owned by another user or writable by others)",
+    "loader_threads": 'a positive int, "auto" (the usable cores: affinity and cgroup quota) or "off" (one by one, '
+                      'as stock)',
 }
 
 
@@ -234,7 +239,21 @@ def validate(name: str, value: Any, source: str = "argument") -> Any:
         return _cache_decoded(value, source)
     if name == "cache_dir":
         return _cache_dir(value, source)
+    if name == "loader_threads":
+        return _loader_threads(value, source)
     return _auto_lr(value, source)
+
+
+def _loader_threads(value: Any, source: str) -> int | str:
+    if isinstance(value, str):
+        v = value.strip().lower()
+        if v in ("auto", "off"):
+            return v
+        if v.isdigit() and int(v) > 0:
+            return int(v)
+    elif isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    raise _err("loader_threads", value, source)
 
 
 def from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:

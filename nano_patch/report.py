@@ -17,6 +17,7 @@ import contextlib
 import glob
 import json
 import os
+import threading
 import time
 import weakref
 from collections import Counter
@@ -29,6 +30,8 @@ FLUSH_SECONDS = 1.0
 DATA_WAIT_ADVICE = 0.20
 #: Share of image loading time spent resizing above which the report says how to make resizes faster.
 RESIZE_ADVICE = 0.10
+#: Loader figures merged across processes by their largest value, not their sum.
+_MAX_KEYS = ("max_workers", "parallel_threads")
 
 
 class Stats:
@@ -43,6 +46,8 @@ class Stats:
         self.cache: Counter[str] = Counter()
         self.iterators: list[weakref.ref[Any]] = []
         self._flushed = time.monotonic()
+        # The loader's threads count too: counters are updated under a lock, never relying on the GIL.
+        self._lock = threading.Lock()
         self._register_exit()
 
     def _register_exit(self) -> None:
@@ -67,13 +72,26 @@ class Stats:
         self.cache.clear()
         self.iterators.clear()
         self._flushed = time.monotonic()
+        self._lock = threading.Lock()  # a lock held by a thread of the parent's stays held in the child
 
     def count(self, patch: str, fast: bool, reason: str) -> None:
-        self.counts[(patch, fast, reason)] += 1
+        with self._lock:
+            self.counts[(patch, fast, reason)] += 1
         self._maybe_flush()
 
     def add_seconds(self, key: str, seconds: float) -> None:
-        self.seconds[key] += seconds
+        with self._lock:
+            self.seconds[key] += seconds
+
+    def add_loader(self, figures: dict[str, float]) -> None:
+        """Add to the loader's figures (``parallel_threads`` keeps the largest)."""
+        with self._lock:
+            for key, value in figures.items():
+                if key in _MAX_KEYS:
+                    self.loader[key] = max(self.loader[key], value)
+                else:
+                    self.loader[key] += value
+        self._maybe_flush()
 
     def _maybe_flush(self) -> None:
         if time.monotonic() - self._flushed > FLUSH_SECONDS:
@@ -81,10 +99,11 @@ class Stats:
 
     def flush(self) -> None:
         self._flushed = time.monotonic()
-        if not (self.counts or self.seconds or self.loader or self.cache):
-            return
-        data = {"counts": [[p, f, r, n] for (p, f, r), n in self.counts.items()], "seconds": dict(self.seconds),
-                "loader": dict(self.loader), "cache": dict(self.cache)}
+        with self._lock:
+            if not (self.counts or self.seconds or self.loader or self.cache):
+                return
+            data = {"counts": [[p, f, r, n] for (p, f, r), n in self.counts.items()],
+                    "seconds": dict(self.seconds), "loader": dict(self.loader), "cache": dict(self.cache)}
         _write_json(os.path.join(self.directory, f"counts-{os.getpid()}.json"), data)
 
 
@@ -203,7 +222,7 @@ def _merge(directory: str) -> tuple[Counter, Counter, Counter, Counter, dict[str
         seconds.update(data.get("seconds", {}))
         cache.update(data.get("cache", {}))
         for k, v in data.get("loader", {}).items():
-            loader[k] = max(loader[k], v) if k == "max_workers" else loader[k] + v
+            loader[k] = max(loader[k], v) if k in _MAX_KEYS else loader[k] + v
     training = (_read_all(directory, "lightning-*.json") or [None])[-1]
     return counts, seconds, loader, cache, training
 
@@ -218,6 +237,19 @@ def cache_summary(cache: Counter) -> dict[str, Any] | None:
             "bytes_read": int(cache["hit_bytes"]), "bytes_stored": int(cache["stored_bytes"]),
             "decode_s_saved": None if per_px is None else cache["hit_px"] * per_px,
             "decode_s_spent": float(cache["decode_s"])}
+
+
+def threads_summary(loader: Counter) -> dict[str, Any] | None:
+    """The loader's threads (``vision/batch.py``): batches split, the serial (draw) time per image, the render
+    time per image, and how much faster the threads made loading; None when no batch was split."""
+    n = loader.get("parallel_samples", 0)
+    if not n:
+        return None
+    draw, render, wall = loader["draw_s"], loader["render_s"], loader["render_wall_s"]
+    return {"threads": int(loader["parallel_threads"]), "batches": int(loader["parallel_batches"]),
+            "samples": int(n), "serial_ms_per_image": 1000 * draw / n, "render_ms_per_image": 1000 * render / n,
+            "render_speedup": render / wall if wall > 0 else 1.0,
+            "loading_speedup": (draw + render) / (draw + wall) if draw + wall > 0 else 1.0}
 
 
 def stop_workers() -> None:
@@ -285,7 +317,8 @@ def compose(wall_time: float, patch_rows: list[dict[str, Any]], unused_knobs: li
         advice.append(knob)
     return {"wall_time_s": wall_time, "training": training, "patches": patches,
             "seconds": {"resize": seconds.get("resize", 0.0), "image_loading": seconds.get("load", 0.0)},
-            "decoded_cache": cache_summary(cache), "unused_knobs": unused_knobs, "advice": advice}
+            "decoded_cache": cache_summary(cache), "loader_threads": threads_summary(loader),
+            "unused_knobs": unused_knobs, "advice": advice}
 
 
 def discard() -> None:
@@ -316,6 +349,13 @@ def render(report: dict[str, Any]) -> str:
             continue
         lines.append(f"  {p['name']}: {p['accelerated']} accelerated, {p['fallback']} fallback")
         lines += [f"      {f['count']} x {f['reason']}" for f in p["top_fallbacks"]]
+    lt = report.get("loader_threads")
+    if lt is not None:
+        lines.append(
+            f"  loader threads: {lt['threads']}; {lt['batches']} batches ({lt['samples']} images) drawn in stock's "
+            f"order and rendered in parallel; serial (draws, GIL held) {lt['serial_ms_per_image']:.2f} ms/image, "
+            f"render {lt['render_ms_per_image']:.2f} ms/image; loading {lt['loading_speedup']:.2f}x faster than "
+            "one thread")
     c = report.get("decoded_cache")
     if c is not None:
         saved = "" if c["decode_s_saved"] is None else f", about {c['decode_s_saved']:.1f} s of decoding saved"

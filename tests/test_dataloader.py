@@ -55,38 +55,108 @@ def test_workers_run_one_thread_and_the_users_init(ctx):
     assert sorted(set(rows[:, 1].tolist())) == [0, 1]
 
 
-#: The documented rule (docs/reference.md): two usable cores stay with training, workers get half of
-#: the rest, at most 4. On 2 cores one worker beside a 2-thread training process measured slower than none.
-DOCUMENTED_WORKERS = {1: 0, 2: 0, 3: 0, 4: 1, 6: 2, 8: 3, 10: 4, 16: 4, 64: 4}
-
-
-@pytest.mark.parametrize("cores", sorted(DOCUMENTED_WORKERS))
-def test_automatic_workers_follow_the_documented_rule(image_folder, monkeypatch, cores):
-    from torchvision.datasets import ImageFolder
-
-    from nano_patch.data import workers
-
-    monkeypatch.setattr(workers, "usable_cores", lambda: cores)
-    nano_patch.patch_torch()
-    assert DataLoader(ImageFolder(str(image_folder)), batch_size=2).num_workers == DOCUMENTED_WORKERS[cores]
-
-
-def test_defaults_only_where_the_user_was_silent(image_folder):
+def test_no_worker_processes_are_added(image_folder):
+    """Workers seed their own generators: an added worker would change the batches of a num_workers=0 loader."""
     from torchvision.datasets import ImageFolder
 
     nano_patch.patch_torch()
+    assert DataLoader(ImageFolder(str(image_folder)), batch_size=2).num_workers == 0
+    assert DataLoader(TensorDataset(torch.zeros(4)), batch_size=2).num_workers == 0
+    assert DataLoader(Stream(), batch_size=2).num_workers == 0
+
+
+def _init_a(worker_id):
+    pass
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(num_workers=2),
+    dict(num_workers=2, persistent_workers=False, pin_memory=False),
+    dict(num_workers=2, persistent_workers=True, pin_memory=True, worker_init_fn=_init_a),
+    dict(num_workers=1, worker_init_fn=_mark),
+    dict(),
+])
+def test_arguments_a_loop_can_observe_are_left_as_given(image_folder, kwargs):
+    """persistent_workers, pin_memory and worker_init_fn read as stock's, before and after iterating."""
+    from torchvision.datasets import ImageFolder
+
     folder = ImageFolder(str(image_folder))
-    assert DataLoader(TensorDataset(torch.zeros(4)), batch_size=2).num_workers == 0  # in memory: no workers
-    assert DataLoader(Stream(), batch_size=2).num_workers == 0  # iterable: left alone
-    explicit = DataLoader(folder, batch_size=2, num_workers=2, persistent_workers=False, pin_memory=False)
-    assert (explicit.num_workers, explicit.persistent_workers, explicit.pin_memory) == (2, False, False)
-    implicit = DataLoader(folder, batch_size=2, num_workers=2)
-    assert implicit.persistent_workers is True
-    assert implicit.pin_memory is torch.cuda.is_available()
-    user_init = DataLoader(folder, batch_size=2, num_workers=1, worker_init_fn=_mark)
-    assert user_init.worker_init_fn.user_fn is _mark
-    again = DataLoader(folder, batch_size=2, num_workers=1, worker_init_fn=user_init.worker_init_fn)
-    assert again.worker_init_fn.user_fn is _mark  # Lightning's re-creation: not wrapped twice
+    names = ("num_workers", "persistent_workers", "pin_memory", "worker_init_fn")
+    stock = DataLoader(folder, batch_size=2, collate_fn=lambda b: len(b), **kwargs)
+    want = [getattr(stock, n) for n in names]
+    nano_patch.patch_torch()
+    patched = DataLoader(folder, batch_size=2, collate_fn=lambda b: len(b), **kwargs)
+    assert [getattr(patched, n) for n in names] == want
+    assert list(patched) == list(stock)
+    assert [getattr(patched, n) for n in names] == want  # the caps went round the user's function only briefly
+
+
+class EpochProbe(Dataset):
+    """A dataset the main process changes between epochs (progressive resizing, curricula, set_epoch)."""
+
+    def __init__(self):
+        self.epoch = 0
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.tensor([self.epoch])
+
+
+def _epochs(loader, ds):
+    seen = []
+    for epoch in range(3):
+        ds.epoch = epoch
+        seen.append(sorted({int(x) for b in loader for x in b.flatten()}))
+    return seen
+
+
+def test_a_dataset_changed_between_epochs_is_seen_as_stock_sees_it():
+    ds = EpochProbe()
+    stock = _epochs(DataLoader(ds, batch_size=2, num_workers=2), ds)
+    assert stock == [[0], [1], [2]]
+    nano_patch.patch_torch()
+    assert _epochs(DataLoader(ds, batch_size=2, num_workers=2), ds) == stock
+
+
+def test_seed_everything_workers_adds_lightnings_worker_init_under_the_patch(monkeypatch):
+    """Lightning seeds each rank's workers only in a loader whose worker_init_fn is None."""
+    from lightning.fabric.utilities.data import _auto_add_worker_init_fn
+    from lightning.fabric.utilities.seed import pl_worker_init_function
+
+    monkeypatch.setenv("PL_SEED_WORKERS", "1")
+    nano_patch.patch_torch()
+    loader = DataLoader(TensorDataset(torch.zeros(8)), batch_size=2, num_workers=2)
+    _auto_add_worker_init_fn(loader, rank=1)
+    assert loader.worker_init_fn.func is pl_worker_init_function and loader.worker_init_fn.keywords == {"rank": 1}
+    list(loader)
+    assert loader.worker_init_fn.func is pl_worker_init_function
+
+
+class SeedProbe(Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.rand(1)
+
+
+def test_ranks_workers_draw_lightnings_streams_as_on_stock(monkeypatch):
+    """Under seed_everything(workers=True), each rank's workers draw their own streams, the same as stock."""
+    from lightning.fabric.utilities.data import _auto_add_worker_init_fn
+    from lightning.fabric.utilities.seed import seed_everything
+
+    def draws(rank):
+        seed_everything(7, workers=True, verbose=False)
+        loader = DataLoader(SeedProbe(), batch_size=2, num_workers=2)
+        _auto_add_worker_init_fn(loader, rank=rank)
+        return torch.cat(list(loader)).flatten().tolist()
+
+    stock = [draws(0), draws(1)]
+    assert stock[0] != stock[1]
+    nano_patch.patch_torch()
+    assert [draws(0), draws(1)] == stock
 
 
 @pytest.mark.parametrize("ctx", ["fork", "spawn"])
@@ -250,12 +320,13 @@ def test_lightning_reinjects_its_sampler_into_patched_loaders_on_two_ranks(tmp_p
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     for r in (r0, r1):
         assert r["sampler"] == "DistributedSampler"
-        assert (r["worker_init"], r["persistent"], r["num_workers"]) == ("WorkerInit", True, 1)
+        assert (r["worker_init"], r["persistent"], r["num_workers"]) == ("function", False, 1)  # as the user left it
         assert r["user_init_kept"]
         assert len(r["seen"]) == 40  # 20 samples a rank, 2 epochs
         worker = json.loads((tmp_path / f"worker_of_{r['pid']}.json").read_text())
         assert worker["affinity"] == r["affinity"], "a worker left its rank's cores"
-        assert worker["threads"] == 1 and worker["omp"] == "1"
+        assert worker["threads"] == 1 and worker["omp"] == "1"  # the caps, around the user's function
+        assert worker["user_init"] == "0"
     assert not set(r0["affinity"]) & set(r1["affinity"])
     for epoch in range(2):
         a, b = set(r0["seen"][epoch * 20:(epoch + 1) * 20]), set(r1["seen"][epoch * 20:(epoch + 1) * 20])

@@ -46,6 +46,7 @@ FLAG_VALUES = {
     "uint8_batches": (["--no-uint8-batches"], False),
     "cache_decoded": (["--cache-decoded", "512MB"], 512 * 1000**2),
     "cache_dir": (["--cache-dir", "/tmp/some cache"], "/tmp/some cache"),
+    "loader_threads": (["--loader-threads", "3"], 3),
 }
 
 

@@ -1,21 +1,35 @@
 """Patch ``torch.utils.data.DataLoader.__init__`` and ``__iter__`` in place.
 
-Only arguments the user did not pass are changed, so an explicit argument always wins, and
-Lightning's re-creation of a DataLoader from its captured arguments (to inject a
-DistributedSampler) goes through the same rules again. ``__iter__`` finishes uint8 batches
-(``data/batches.py``) for loaders whose workers were told to send them.
+The patch changes no argument whose effect a loop can observe: ``num_workers``, ``persistent_workers``,
+``pin_memory`` and ``worker_init_fn`` stay as the user passed them (stock's defaults otherwise), so
+Lightning's checks and injections (``seed_everything(workers=True)`` adds its seeding only to a loader
+whose ``worker_init_fn`` is None) act as on stock. What it still does, none of which can change a batch
+(docs/reference.md lists it):
+
+- in worker processes, caps torch, OpenMP and OpenCV at one thread each. The cap is wrapped around the
+  user's ``worker_init_fn`` only while ``__iter__`` starts the workers, so ``loader.worker_init_fn``
+  always reads as the user left it;
+- for image-folder datasets with a stock ``Compose`` ending in ``ToTensor``, workers send uint8 images
+  and the main process finishes the batch with stock's own arithmetic (``data/batches.py``);
+- prepares the decoded-image cache where it is on;
+- ``num_workers=0`` batches of the patched datasets load on a pool of threads (``data/parallel.py``),
+  through ``Dataset.__getitems__``, with stock's draws in stock's order.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import threading
 from types import ModuleType
 from typing import Any, ClassVar
 
 from .. import report
 from ..config import Options
 from ..registry import Patch
+
+#: Serialises the brief swap of ``worker_init_fn`` while workers start (a loader iterated from two threads).
+_start_lock = threading.Lock()
 
 
 class DataLoaderPatch(Patch):
@@ -30,50 +44,36 @@ class DataLoaderPatch(Patch):
         return f"DataLoader.__init__ lacks {', '.join(missing)}" if missing else None
 
     def _apply(self, module: ModuleType, options: Options) -> None:
-        from ..data import batches, workers
+        from ..data import batches, parallel
 
-        signature = inspect.signature(module.DataLoader.__init__)
+        parallel.configure(options.loader_threads)
 
         def init(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            try:
-                bound = signature.bind(instance, *args, **kwargs)
-            except TypeError:
-                return wrapped(*args, **kwargs)  # let stock raise its own error
-            given = bound.arguments
-            extra: dict[str, Any] = {}
-            dataset = given.get("dataset")
-            iterable = isinstance(dataset, module.IterableDataset)
-            if "num_workers" not in given and not iterable:
-                extra["num_workers"] = workers.auto_num_workers(dataset)
-            num_workers = given.get("num_workers", extra.get("num_workers", 0))
+            result = wrapped(*args, **kwargs)  # stock's own arguments, errors and defaults
             spec, why = None, "num_workers=0: nothing crosses processes"
-            if num_workers > 0:
-                user_init = given.get("worker_init_fn")
-                if isinstance(user_init, workers.WorkerInit):  # Lightning re-creating a patched loader
-                    user_init = user_init.user_fn
-                spec, why = _uint8_spec(given, options)
-                extra["worker_init_fn"] = workers.WorkerInit(user_init, uint8=spec is not None)
-                if "persistent_workers" not in given:
-                    extra["persistent_workers"] = True
-            if "pin_memory" not in given:
-                import torch
-
-                extra["pin_memory"] = torch.cuda.is_available()
-            if options.vision and dataset is not None:
-                _prepare_cache(dataset)
-            if extra:
-                merged = dict(given)
-                merged.pop("self", None)
-                merged.update(extra)
-                result = wrapped(**merged)
-            else:
-                result = wrapped(*args, **kwargs)
+            if instance.num_workers > 0:
+                spec, why = _uint8_spec(instance, options)
+            if options.vision and instance.dataset is not None:
+                _prepare_cache(instance.dataset)
             instance._nano_uint8, instance._nano_uint8_why = spec, why
             return result
 
         def iter_(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            iterator = loader_iterator = wrapped(*args, **kwargs)
+            from ..data import workers
+
             spec = getattr(instance, "_nano_uint8", None)
+            if instance.num_workers > 0:
+                # Workers read ``worker_init_fn`` as the iterator starts them: the caps go around the user's
+                # function for exactly that moment, and the attribute reads as the user left it afterwards.
+                with _start_lock:
+                    user_fn = instance.worker_init_fn
+                    instance.worker_init_fn = workers.WorkerInit(user_fn, uint8=spec is not None)
+                    try:
+                        iterator = loader_iterator = wrapped(*args, **kwargs)
+                    finally:
+                        instance.worker_init_fn = user_fn
+            else:
+                iterator = loader_iterator = wrapped(*args, **kwargs)
             if spec is not None:
                 iterator = batches.Uint8Batches(iterator, spec)
             if report.stats is not None:
@@ -83,15 +83,15 @@ class DataLoaderPatch(Patch):
                 iterator = report.TimedBatches(iterator, instance.num_workers, loader_iterator)
             return iterator
 
-        def _uint8_spec(given: dict[str, Any], opts: Options) -> tuple[batches.BatchSpec | None, str]:
+        def _uint8_spec(loader: Any, opts: Options) -> tuple[batches.BatchSpec | None, str]:
             if not opts.uint8_batches:
                 return None, "uint8_batches is off: float batches"
-            if given.get("collate_fn") not in (None, module.default_collate):
-                return None, "the loader's own collate_fn: float batches"
-            if given.get("batch_size", 1) is None and given.get("batch_sampler") is None:
+            if loader.batch_sampler is None:
                 # No automatic batching: samples reach the loop one by one, as stock made them.
                 return None, "batch_size=None: float samples"
-            found = batches.uint8_transform(given.get("dataset"))
+            if loader.collate_fn is not module.default_collate:
+                return None, "the loader's own collate_fn: float batches"
+            found = batches.uint8_transform(loader.dataset)
             if found is None:
                 return None, ("the dataset is not an image folder with a stock Compose ending in ToTensor "
                               "(and Normalize): float batches")
@@ -112,3 +112,8 @@ class DataLoaderPatch(Patch):
 
         self.record.wrap(module.DataLoader, "__init__", init)
         self.record.wrap(module.DataLoader, "__iter__", iter_)
+
+    def _revert(self) -> None:
+        from ..data import parallel
+
+        parallel.configure("off")

@@ -47,9 +47,74 @@ class VisionDatasetsPatch(Patch):
         # still pickle by reference under the spawn start method.
         self.record.redirect(folder.pil_loader, loading.load_pil)
         self.record.redirect(folder.default_loader, loading.default_loader)
-        self.record.wrap(folder.DatasetFolder, "__getitem__", _loader_adapter(folder, known, lambda d, i: d.samples[i]))
-        for cls, adapter in builtin_adapters(module, known).items():
+        self.record.wrap(folder.DatasetFolder, "__getitem__", _loader_adapter(folder, known, _folder_sample))
+        self.record.replace(folder.DatasetFolder, "__getitems__",
+                            _batch_adapter(folder.DatasetFolder, _loader_batch(known), _folder_sample))
+        for cls, (adapter, getitems) in builtin_adapters(module, known).items():
             self.record.wrap(cls, "__getitem__", adapter)
+            if getitems is not None:
+                self.record.replace(cls, "__getitems__", getitems)
+
+
+def _folder_sample(dataset: Any, index: int) -> tuple[Any, Any]:
+    return dataset.samples[index]
+
+
+def _loader_batch(known: tuple[Callable[..., Any], ...]) -> Callable[[Any], str | None]:
+    """Why a dataset that calls ``self.loader(path)`` cannot load a batch in parallel (None: it can)."""
+    import torchvision
+
+    def why(dataset: Any) -> str | None:
+        if getattr(dataset, "loader", None) not in known:
+            return "the dataset's own loader"
+        if torchvision.get_image_backend() != "PIL":
+            return "torchvision's image backend is not PIL"
+        return None
+
+    return why
+
+
+def _batch_adapter(cls: type, why_not: Callable[[Any], str | None],
+                   sample_of: Callable[[Any, int], tuple[Any, Any]],
+                   transforms_of: Callable[[Any], tuple[Any, Any]] | None = None) -> Callable[..., Any]:
+    """``__getitems__`` for ``cls``: torch's fetcher hands it a batch's indices (``num_workers=0`` loaders, and
+    each worker process's batches). The batch loads on the loader's threads where it can (``vision/batch.py``),
+    else one by one through ``__getitem__``, exactly as the fetcher would without this method."""
+    from ..data import parallel
+    from ..data.batches import _inherits_getitem
+    from ..vision import batch
+
+    def transforms(dataset: Any) -> tuple[Any, Any]:
+        return dataset.transform, dataset.target_transform
+
+    transforms_of = transforms_of or transforms
+
+    def getitems(self: Any, indices: list[int]) -> list[Any]:
+        n_threads = parallel.threads()
+        why = None
+        if n_threads <= 1:
+            why = "one loader thread"
+        elif not _inherits_getitem(type(self), cls):
+            why = f"{type(self).__name__} overrides __getitem__"
+        else:
+            why = why_not(self)
+        if why is None:
+            try:
+                entries = [sample_of(self, i) for i in indices]
+                transform, target_transform = transforms_of(self)
+            except Exception:  # noqa: BLE001 - a bad index: one by one raises stock's error at stock's point
+                entries = None
+            if entries is not None:
+                out = batch.load_samples(self, entries, transform, target_transform, n_threads,
+                                         lambda k: self[indices[k]])
+                if out is not None:
+                    return out
+                why = batch.why_not_split(transform)
+        if why is not None and report.stats is not None and n_threads > 1:
+            report.stats.count("dataloader", False, f"batch loaded one by one: {why}")
+        return [self[i] for i in indices]
+
+    return getitems
 
 
 def _loader_adapter(
@@ -140,15 +205,41 @@ def builtin_adapters(module: ModuleType, known: tuple[Callable[..., Any], ...]) 
     def samples(inst: Any, i: int) -> tuple[Any, Any]:
         return inst._samples[i]
 
-    adapters: dict[type, Callable[..., Any]] = {}
+    adapters: dict[type, tuple[Callable[..., Any], Callable[..., Any] | None]] = {}
     for name, getter in (("Flowers102", files), ("Food101", files), ("DTD", files), ("StanfordCars", samples)):
         cls = getattr(module, name, None)
         if isinstance(cls, type) and "__getitem__" in vars(cls):
-            adapters[cls] = _loader_adapter(folder, known, getter)
+            adapters[cls] = (_loader_adapter(folder, known, getter),
+                             _batch_adapter(cls, _loader_batch(known), getter))
     pet = getattr(module, "OxfordIIITPet", None)
     if isinstance(pet, type) and "__getitem__" in vars(pet):
-        adapters[pet] = _pet_adapter()
+        adapters[pet] = (_pet_adapter(), _batch_adapter(pet, _pet_batch, _pet_sample, _pet_transforms))
     caltech = getattr(module, "Caltech101", None)
     if isinstance(caltech, type) and "__getitem__" in vars(caltech):
-        adapters[caltech] = _caltech_adapter()
+        adapters[caltech] = (_caltech_adapter(), None)  # grey photos stay "L": one by one
     return adapters
+
+
+def _pet_batch(dataset: Any) -> str | None:
+    from torchvision.datasets.vision import StandardTransform
+
+    transforms = getattr(dataset, "transforms", None)
+    if not (transforms is None or isinstance(transforms, StandardTransform)):
+        return "a joint transforms callable"
+    if any(t not in ("category", "binary-category") for t in dataset._target_types):
+        return "segmentation targets"
+    return None
+
+
+def _pet_sample(dataset: Any, idx: int) -> tuple[Any, Any]:
+    target: Any = [dataset._labels[idx] if t == "category" else dataset._bin_labels[idx]
+                   for t in dataset._target_types]
+    target = None if not target else target[0] if len(target) == 1 else tuple(target)
+    return dataset._images[idx], target
+
+
+def _pet_transforms(dataset: Any) -> tuple[Any, Any]:
+    transforms = dataset.transforms
+    if transforms is None:
+        return None, None
+    return transforms.transform, transforms.target_transform

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import warnings
 from typing import Any
 
 import numpy as np
@@ -645,9 +644,8 @@ def _from_numpy(a: np.ndarray):
 
     if any(s < 0 for s in a.strides):
         a = np.ascontiguousarray(a)
-    if a.flags.writeable:
-        return torch.from_numpy(a)
-    # A read-only array (np.asarray of a PIL image) is only ever read from here.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(a)
+    if not a.flags.writeable:
+        # torch warns about sharing a read-only array; silencing that needs ``catch_warnings``, which is
+        # process-wide state and unsafe while loader threads run: a private copy instead (a rare path).
+        a = np.array(a, copy=True)
+    return torch.from_numpy(a)

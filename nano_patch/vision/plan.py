@@ -24,6 +24,7 @@ import contextlib
 import math
 import numbers
 import random
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -121,6 +122,37 @@ class Pixels:
     def vflip(self) -> None:
         self.base = self.array()[::-1]
 
+    # Pixel operations are methods, so that a draw (:class:`Recording`) can write them down for a render
+    # to call later in the same order: each returns the pixels to carry on with.
+
+    def point(self, kernel: Callable[..., np.ndarray], *args: Any) -> Pixels:
+        """A per-pixel ``kernel(array, *args)``: a pending flip may wait through it."""
+        a = self.unflipped()
+        out = kernel(a, *args)
+        if out is not a:
+            self.base, self.owned = out, True
+        return self
+
+    def whole(self, kernel: Callable[..., np.ndarray], *args: Any) -> Pixels:
+        """A ``kernel(array, *args)`` that depends on where pixels are (warps, sharpness): flips applied first."""
+        self.base, self.owned = kernel(self.array(), *args), True
+        return self
+
+    def colour(self, op: tuple[Callable[..., np.ndarray], str, bool], factor: float) -> Pixels:
+        """One of ColorJitter's operations (``_JITTER``) by its kernel, or by stock's function where the kernel
+        leaves an argument to stock."""
+        return _colour(self, op, factor)
+
+    def grey(self, channels: int) -> Pixels:
+        """``to_grayscale`` with ``channels`` (1 or 3) output channels."""
+        before = self.array() if _GREY_BY_POSITION else self.unflipped()
+        self.base = K.to_grayscale(before, channels)
+        if self.base is not before:
+            self.owned = True
+        if channels == 3:
+            self.info = {}
+        return self
+
     def proxy(self) -> FastImage:
         """A pixel-less stand-in of the current size and mode, for stock ``get_params`` (size only)."""
         img = FastImage()
@@ -212,6 +244,118 @@ class JpegPixels(Pixels):
                     report.stats.count("vision_datasets", True, "JPEG window decoded by libjpeg-turbo (crop region)")
                 return
         super().crop(top, left, height, width)
+
+
+class NotSplittable(Exception):
+    """A step needs pixels (or runs stock code) while it draws: no draw/render split.
+
+    ``every_time``: the plan itself has such a step (a stock step at a fixed position), so every sample would
+    raise it; otherwise it depends on what a sample drew (a policy op left to its library's own code).
+    """
+
+    def __init__(self, why: str, every_time: bool = False) -> None:
+        super().__init__(why)
+        self.every_time = every_time
+
+
+class Recording(Pixels):
+    """The draw half of a plan run: sizes and mode only, no pixels.
+
+    It stands in for :class:`Pixels` while a plan runs its steps: every random draw happens as stock makes
+    it (from the size and mode alone), and every pixel operation is written down as the method call a
+    :class:`Pixels` would have received. :func:`render` later makes those calls, in the same order, on the
+    real pixels (in any thread: it draws nothing). Whatever needs the pixels while drawing (a stock step, a
+    stock fallback inside a step) raises :class:`NotSplittable` instead.
+    """
+
+    __slots__ = ("ops", "_hw", "_mode")
+
+    def __init__(self, hw: tuple[int, int], mode: str = "RGB") -> None:
+        self.ops: list[tuple[str, tuple[Any, ...]]] = []
+        self._hw, self._mode = hw, mode
+        self.resize = self.window = None
+        self.flip = False
+        self.info = {}
+        self.owned = False
+
+    @property  # type: ignore[override]
+    def base(self) -> np.ndarray:
+        raise NotSplittable("a step reads the pixels while it draws")
+
+    @base.setter
+    def base(self, value: np.ndarray) -> None:
+        raise NotSplittable("a step writes the pixels while it draws")
+
+    @property
+    def hw(self) -> tuple[int, int]:
+        return self._hw
+
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    def array(self) -> np.ndarray:
+        raise NotSplittable("a step reads the pixels while it draws")
+
+    unflipped = array
+
+    def image(self) -> FastImage:
+        raise NotSplittable("a step runs stock code on the image while it draws")
+
+    def crop(self, top: int, left: int, height: int, width: int) -> None:
+        self.ops.append(("crop", (top, left, height, width)))
+        self._hw = (height, width)
+
+    def resize_to(self, height: int, width: int, pil_filter: int) -> None:
+        self.ops.append(("resize_to", (height, width, pil_filter)))
+        self._hw = (height, width)
+
+    def hflip(self) -> None:
+        self.ops.append(("hflip", ()))
+
+    def vflip(self) -> None:
+        self.ops.append(("vflip", ()))
+
+    def point(self, kernel: Callable[..., np.ndarray], *args: Any) -> Pixels:
+        self.ops.append(("point", (kernel, *args)))
+        return self
+
+    def whole(self, kernel: Callable[..., np.ndarray], *args: Any) -> Pixels:
+        self.ops.append(("whole", (kernel, *args)))
+        return self
+
+    def colour(self, op: tuple[Callable[..., np.ndarray], str, bool], factor: float) -> Pixels:
+        self.ops.append(("colour", (op, factor)))
+        return self
+
+    def grey(self, channels: int) -> Pixels:
+        self.ops.append(("grey", (channels,)))
+        self._mode = "L" if channels == 1 else "RGB"
+        return self
+
+
+class RenderFailed(Exception):
+    """A written-down step could not be made on the pixels as the draw expected (its caller redoes the batch)."""
+
+
+def render(recording: Recording, px: Pixels) -> Any:
+    """Make the pixel operations ``recording`` wrote down on ``px``, in order: the plan's result for it.
+
+    Draws nothing, so it may run in any thread. The result is what :func:`run` would have returned.
+    """
+    for name, args in recording.ops:
+        if name == "tail":
+            out = _tensor_from(px, *args)
+            if out is None:
+                raise RenderFailed("the tensor tail left to stock")
+            return out
+        if name == "image":
+            img = px.image()
+            return img if args[0] else img.to_plain()
+        out = getattr(px, name)(*args)
+        if out is not None:
+            px = out
+    raise RenderFailed("a recording with no end")
 
 
 # --- runners: (transform, pixels) -> None, pixels changed in place -------------------------------
@@ -373,19 +517,14 @@ def _run_color_jitter(t: Any, px: Pixels) -> Pixels:
     for fn_id in fn_idx:
         factor = (b, c, s, h)[int(fn_id)] if 0 <= int(fn_id) < 4 else None
         if factor is not None:
-            px = _colour(px, _JITTER[int(fn_id)], factor)
+            px = px.colour(_JITTER[int(fn_id)], factor)
     return px
 
 
 def _grey(px: Pixels, channels: Any) -> None:
     if channels not in (1, 3) or isinstance(channels, bool):
         raise UseStock
-    before = px.array() if _GREY_BY_POSITION else px.unflipped()
-    px.base = K.to_grayscale(before, channels)
-    if px.base is not before:
-        px.owned = True
-    if channels == 3:
-        px.info = {}
+    px.grey(channels)
 
 
 def _run_grayscale(t: Any, px: Pixels) -> None:
@@ -472,7 +611,7 @@ def _policy_kernel(px: Pixels, name: str, magnitude: float, interpolation: Any, 
         else:
             f = _warp_filter(interpolation)
         if name == "Rotate":
-            out = K.rotate(px.array(), magnitude, f, False, None, fill)
+            return px.whole(K.rotate, magnitude, f, False, None, fill)
         else:
             if name == "ShearX":
                 matrix = _affine_matrix(px, 0.0, [0, 0], [math.degrees(math.atan(magnitude)), 0.0], [0, 0], v2)
@@ -482,30 +621,21 @@ def _policy_kernel(px: Pixels, name: str, magnitude: float, interpolation: Any, 
                 matrix = _affine_matrix(px, 0.0, [int(magnitude), 0], [0.0, 0.0], None, v2)
             else:
                 matrix = _affine_matrix(px, 0.0, [0, int(magnitude)], [0.0, 0.0], None, v2)
-            out = K.affine(px.array(), matrix, f, fill)
-        px.base, px.owned = out, True
-        return px
+            return px.whole(K.affine, matrix, f, fill)
     if name in _POLICY_COLOUR:
         if 1.0 + magnitude < 0:
             raise UseStock  # stock's own code decides
-        return _colour(px, _POLICY_COLOUR[name], 1.0 + magnitude)
+        return px.colour(_POLICY_COLOUR[name], 1.0 + magnitude)
     if name == "Sharpness":  # not per pixel: a pending flip is applied first
-        out = K.adjust_sharpness(px.array(), 1.0 + magnitude)
-        px.base, px.owned = out, True
-        return px
+        return px.whole(K.adjust_sharpness, 1.0 + magnitude)
     if name == "Identity":
         return px
     kernel = _POLICY_POINT[name]
-    a = px.unflipped()
     if name == "Posterize":
-        out = kernel(a, int(magnitude))
-    elif name == "Solarize":
-        out = kernel(a, 255.0 * magnitude if v2 else magnitude)  # v2 scales its magnitude by the dtype's bound
-    else:
-        out = kernel(a)
-    if out is not a:
-        px.base, px.owned = out, True
-    return px
+        return px.point(kernel, int(magnitude))
+    if name == "Solarize":
+        return px.point(kernel, 255.0 * magnitude if v2 else magnitude)  # v2 scales by the dtype's bound
+    return px.point(kernel)
 
 
 _GEOMETRY = frozenset({"ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate"})
@@ -544,6 +674,8 @@ def _run_augmix(t: Any, px: Pixels) -> Pixels:
     sampling grids and per-value ops computed once."""
     from . import augmix
 
+    if isinstance(px, Recording):  # its draws come between tensor operations on the pixels
+        raise NotSplittable("AugMix draws while it computes on the pixels", every_time=True)
     h, w = px.hw
     return Pixels.of(augmix.run(t, px.image(), _space(t, t._PARAMETER_MAX, (h, w))))
 
@@ -667,11 +799,7 @@ _timm_op_call: Any = None
 
 def _timm_point(kernel: Callable[..., np.ndarray]) -> Callable[..., Pixels]:
     def run(px: Pixels, *args: Any, **_: Any) -> Pixels:
-        a = px.unflipped()
-        out = kernel(a, *args)
-        if out is not a:
-            px.base, px.owned = out, True
-        return px
+        return px.point(kernel, *args)
     return run
 
 
@@ -679,22 +807,21 @@ def _timm_colour(op: tuple[Callable[..., np.ndarray], str, bool]) -> Callable[..
     def run(px: Pixels, factor: Any, **_: Any) -> Pixels:
         if not (isinstance(factor, (int, float)) and factor >= 0):
             raise UseStock  # ImageEnhance takes what torchvision's checks refuse: timm's own function decides
-        return _colour(px, op, float(factor))
+        return px.colour(op, float(factor))
     return run
 
 
 def _timm_sharpness(px: Pixels, factor: Any, **_: Any) -> Pixels:
     if not (isinstance(factor, (int, float)) and factor >= 0):
         raise UseStock
-    px.base, px.owned = K.adjust_sharpness(px.array(), float(factor)), True  # not per pixel: flip first
-    return px
+    return px.whole(K.adjust_sharpness, float(factor))  # not per pixel: flip first
 
 
 def _timm_solarize_add(px: Pixels, add: Any, thresh: Any = 128, **_: Any) -> Pixels:
     table = np.array([min(255, i + add) if i < thresh else i for i in range(256)])
     if table.dtype.kind not in "iu" or table.min() < 0 or table.max() > 255:
         raise UseStock  # PIL's point decides what it makes of such a table
-    return _timm_point(lambda a: K._lut(a, table))(px)
+    return px.point(K._lut, table)
 
 
 def _timm_posterize(px: Pixels, bits: Any, **_: Any) -> Pixels:
@@ -920,6 +1047,10 @@ class Plan:
 
     def __init__(self, items: list[Any]) -> None:
         self.items = items
+        #: why a batch of this plan cannot draw apart from its pixels (set by ``vision/batch.py``), or None
+        self.unsplittable: str | None = None
+        #: some samples' draws need their pixels (``vision/batch.py`` then loads those one by one)
+        self.sometimes_unsplittable: str | None = None
         self.runners: list[Callable[[Any, Pixels], Any] | None] = []
         self.tails: dict[int, Tail] = {}
         for i, t in enumerate(items):
@@ -950,6 +1081,7 @@ class Plan:
 
 
 _plans: weakref.WeakKeyDictionary[Any, Plan] = weakref.WeakKeyDictionary()
+_plans_lock = threading.Lock()
 #: Runners whose first act is a crop of a window drawn from the size (after checks made before any draw).
 _CROPS = (_run_random_resized_crop, _run_timm_random_resized_crop, _run_random_crop, _run_center_crop)
 
@@ -963,11 +1095,12 @@ def draws_from_python(compose: Any) -> bool:
 def plan_for(compose: Any) -> Plan:
     """The plan of ``compose``, made on first use and kept while its list of transforms stays the same."""
     items = list(compose.transforms)
-    plan = _plans.get(compose)
-    if plan is None or not plan.matches(items):
-        plan = Plan(items)
-        with contextlib.suppress(TypeError):  # not weak-referenceable: planned on every call
-            _plans[compose] = plan
+    with _plans_lock:  # loaders in several threads: a WeakKeyDictionary is not safe without the GIL
+        plan = _plans.get(compose)
+        if plan is None or not plan.matches(items):
+            plan = Plan(items)
+            with contextlib.suppress(TypeError):  # not weak-referenceable: planned on every call
+                _plans[compose] = plan
     return plan
 
 
@@ -996,6 +1129,7 @@ def run(compose: Any, img: Image.Image | Pixels, *, skip: int = 0, uint8_tail: b
     plan = plan_for(compose)
     items = plan.items
     stats = report.stats
+    recording = isinstance(img, Recording)
     fast_in = isinstance(img, (FastImage, Pixels))
     x: Any = img if isinstance(img, Pixels) else Pixels.of(img)
     i = skip
@@ -1008,6 +1142,8 @@ def run(compose: Any, img: Image.Image | Pixels, *, skip: int = 0, uint8_tail: b
             continue
         tail = plan.tails.get(i)
         if tail is not None and (not uint8_tail or i + len(tail) == n):
+            if recording:
+                return _record_tail(x, tail, uint8_tail, i + len(tail) == n)
             out = _tensor_from(x, tail, uint8_tail)
             if out is not None:
                 if stats is not None:
@@ -1033,13 +1169,30 @@ def run(compose: Any, img: Image.Image | Pixels, *, skip: int = 0, uint8_tail: b
                 i += 1
                 continue
         # a stock step: it gets the image as stock would give it, and the plan resumes after it
+        if recording:
+            raise NotSplittable(f"`{type(t).__name__}` at position {i} of the Compose runs stock code", True)
         if stats is not None:
             stats.count("vision_transforms", False,
                         f"`{type(t).__name__}` at position {i} of the Compose: stock code (not in the plan)")
         result = t(x.image())
         x = Pixels.of(result) if isinstance(result, Image.Image) and result.mode in ("RGB", "L") else result
         i += 1
+    if recording:
+        x.ops.append(("image", (fast_in,)))
+        return x
     if isinstance(x, Pixels):
         out_img = x.image()
         return out_img if fast_in else out_img.to_plain()
+    return x
+
+
+def _record_tail(x: Recording, tail: Tail, uint8: bool, last: bool) -> Recording:
+    """Write down the tensor tail, where the render can make it as :func:`_tensor_from` would."""
+    if not last:
+        raise NotSplittable("steps after the tensor tail run stock code on the tensor", True)
+    if not (uint8 or len(tail) == 1 and not tail.to_tensor) and tail.table(1 if x.mode == "L" else 3) is None:
+        raise NotSplittable("the tensor tail runs stock code", True)
+    if report.stats is not None:
+        report.stats.count("vision_transforms", True, " + ".join(type(s).__name__ for s in tail.steps))
+    x.ops.append(("tail", (tail, uint8)))
     return x

@@ -23,7 +23,8 @@ class Indexed(Dataset):
         if info is not None and not os.path.exists(mark):
             with open(mark, "w") as f:  # what a worker really runs on, read while it loads
                 json.dump({"affinity": sorted(os.sched_getaffinity(0)), "threads": torch.get_num_threads(),
-                           "omp": os.environ.get("OMP_NUM_THREADS")}, f)
+                           "omp": os.environ.get("OMP_NUM_THREADS"),
+                           "user_init": os.environ.get("SAMPLER_TEST_WORKER")}, f)
         return torch.full((4,), float(i)), i
 
 
@@ -46,7 +47,7 @@ class Model(pl.LightningModule):
         with open(os.path.join(sys.argv[1], f"rank{self.global_rank}.json"), "w") as f:
             json.dump({"seen": self.seen, "sampler": type(dl.sampler).__name__,
                        "worker_init": type(dl.worker_init_fn).__name__, "persistent": dl.persistent_workers,
-                       "user_init_kept": getattr(dl.worker_init_fn, "user_fn", None) is mark_worker,
+                       "user_init_kept": dl.worker_init_fn is mark_worker,
                        "num_workers": dl.num_workers, "pid": os.getpid(),
                        "affinity": sorted(os.sched_getaffinity(0))}, f)
 

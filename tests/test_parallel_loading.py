@@ -1,0 +1,218 @@
+"""Batch-parallel loading (``vision/batch.py``): a num_workers=0 DataLoader's batches and every generator's state
+equal stock's, bit for bit, while the samples of each batch render on the loader's threads.
+
+Each case runs stock first (unpatched), then patched, from the same seeds, over three epochs of a shuffled
+loader, and checks that the patched run really took the parallel path where the plan can be split.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+import torchvision.transforms as T
+from _rng import rng_differences, rng_state, seed_all
+from torch.utils.data import DataLoader, Subset
+
+import nano_patch
+from nano_patch.data import parallel
+from nano_patch.vision import plan
+
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+@pytest.fixture(scope="module")
+def mixed_folder(tmp_path_factory, image_folder, photos):
+    """The JPEGs of ``image_folder``, plus a grey JPEG, a PNG and a small JPEG: every source the draw meets."""
+    root = tmp_path_factory.mktemp("mixed")
+    shutil.copytree(image_folder, root, dirs_exist_ok=True)
+    photos[0].convert("L").save(root / "a" / "grey.jpg", quality=90)
+    photos[1].save(root / "b" / "png.png")
+    photos[2].resize((150, 110)).save(root / "b" / "small.jpg", quality=75)
+    return root
+
+
+def _timm_ra():
+    from timm.data import create_transform
+
+    return create_transform(96, is_training=True, auto_augment="rand-m9-mstd0.5")
+
+
+PIPELINES = {
+    "pets": lambda: T.Compose([T.RandomResizedCrop(96), T.RandomHorizontalFlip(), T.ColorJitter(0.3, 0.3, 0.3, 0.1),
+                               T.ToTensor(), T.Normalize(MEAN, STD)]),
+    "a": lambda: T.Compose([T.Resize(130), T.ColorJitter(.4, .4, .4, .1), T.RandomCrop(112), T.RandomHorizontalFlip(),
+                            T.Resize(80), T.ToTensor()]),
+    "c": lambda: T.Compose([T.Resize(120), T.CenterCrop(100), T.ToTensor(), T.Normalize(MEAN, STD)]),
+    "grey and flips": lambda: T.Compose([T.RandomResizedCrop(64), T.RandomVerticalFlip(), T.RandomGrayscale(0.5),
+                                         T.RandomHorizontalFlip(), T.PILToTensor()]),
+    "reference": lambda: T.Compose([T.RandomResizedCrop(80), T.RandomHorizontalFlip(), T.PILToTensor(),
+                                    T.ConvertImageDtype(torch.float), T.Normalize(MEAN, STD)]),
+    "RandAugment": lambda: T.Compose([T.RandomResizedCrop(96), T.RandAugment(), T.ToTensor()]),
+    "AutoAugment": lambda: T.Compose([T.RandomResizedCrop(96), T.AutoAugment(), T.ToTensor()]),
+    "TrivialAugmentWide": lambda: T.Compose([T.Resize(100), T.RandomCrop(90), T.TrivialAugmentWide(),
+                                             T.RandomHorizontalFlip(), T.PILToTensor()]),
+    "timm RandAugment": _timm_ra,
+}
+#: Pipelines the plan cannot split: still exact, one by one.
+ONE_BY_ONE = {
+    "AugMix": lambda: T.Compose([T.RandomResizedCrop(64), T.AugMix(), T.ToTensor()]),
+    "a Lambda": lambda: T.Compose([T.RandomResizedCrop(64), T.Lambda(lambda im: im.rotate(5)), T.ToTensor()]),
+    "v2": lambda: _v2(),
+}
+
+
+def _v2():
+    from torchvision.transforms import v2
+
+    return v2.Compose([v2.RandomResizedCrop(64), v2.RandomHorizontalFlip(), v2.PILToTensor(),
+                       v2.ToDtype(torch.float32, scale=True)])
+
+
+def _epochs(folder, make, subset=False, epochs=3):
+    from torchvision.datasets import ImageFolder
+
+    seed_all(3)
+    ds = ImageFolder(str(folder), transform=make())
+    data = Subset(ds, [8, 1, 0, 5, 3, 7, 2, 4]) if subset else ds
+    loader = DataLoader(data, batch_size=4, shuffle=True, num_workers=0)
+    out = []
+    for _ in range(epochs):
+        out.append([(x.clone(), y.clone()) for x, y in loader])
+        out.append(rng_state())
+    return out
+
+
+def _equal(stock, patched):
+    assert len(stock) == len(patched)
+    for want, got in zip(stock, patched):
+        if isinstance(want, tuple) and len(want) == 3 and not isinstance(want[0], tuple):
+            assert rng_differences(got, want) == []  # every generator, after every epoch
+            continue
+        assert len(want) == len(got)
+        for (wx, wy), (gx, gy) in zip(want, got):
+            assert wx.dtype == gx.dtype and wx.shape == gx.shape and torch.equal(wx, gx)
+            assert torch.equal(wy, gy)
+
+
+@pytest.fixture
+def parallel_batches(monkeypatch):
+    """Counts the batches that really rendered on more than one thread."""
+    seen = []
+    real = parallel.map_in_order
+
+    def counted(fn, items, n_threads):
+        if n_threads > 1:
+            seen.append(len(list(items)) if not isinstance(items, list) else len(items))
+        return real(fn, items, n_threads)
+
+    monkeypatch.setattr(parallel, "map_in_order", counted)
+    return seen
+
+
+@pytest.mark.parametrize("cache", ["off", "on"])
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_batches_and_generators_equal_stock_over_three_epochs(mixed_folder, tmp_path, parallel_batches, name,
+                                                              cache):
+    if name.startswith("timm"):
+        pytest.importorskip("timm")
+    stock = _epochs(mixed_folder, PIPELINES[name])
+    nano_patch.patch_torch(loader_threads=2, cache_decoded=cache, cache_dir=str(tmp_path / "cache"))
+    patched = _epochs(mixed_folder, PIPELINES[name])
+    _equal(stock, patched)
+    assert len(parallel_batches) == 3 * 3  # 12 images in batches of 4: every batch of every epoch in parallel
+
+
+def test_a_subset_of_a_folder_loads_its_batches_in_parallel(mixed_folder, parallel_batches):
+    stock = _epochs(mixed_folder, PIPELINES["pets"], subset=True)
+    nano_patch.patch_torch(loader_threads=2)
+    _equal(stock, _epochs(mixed_folder, PIPELINES["pets"], subset=True))
+    assert len(parallel_batches) == 2 * 3
+
+
+@pytest.mark.parametrize("name", sorted(ONE_BY_ONE))
+def test_a_compose_that_cannot_be_split_loads_one_by_one_and_exactly(mixed_folder, parallel_batches, name):
+    stock = _epochs(mixed_folder, ONE_BY_ONE[name])
+    nano_patch.patch_torch(loader_threads=2)
+    _equal(stock, _epochs(mixed_folder, ONE_BY_ONE[name]))
+    assert parallel_batches == []
+
+
+def test_why_a_compose_is_not_split_is_recorded(mixed_folder):
+    from torchvision.datasets import ImageFolder
+
+    nano_patch.patch_torch(loader_threads=2)
+    tf = ONE_BY_ONE["a Lambda"]()
+    list(DataLoader(ImageFolder(str(mixed_folder), transform=tf), batch_size=4))
+    assert "`Lambda` at position 1" in plan.plan_for(tf).unsplittable
+
+
+def test_loader_threads_off_and_worker_processes_load_one_by_one(mixed_folder, parallel_batches):
+    stock = _epochs(mixed_folder, PIPELINES["pets"], epochs=1)
+    nano_patch.patch_torch(loader_threads="off")
+    _equal(stock, _epochs(mixed_folder, PIPELINES["pets"], epochs=1))
+    assert parallel_batches == []
+    nano_patch.unpatch_torch()
+    nano_patch.patch_torch(loader_threads=2)
+    from torchvision.datasets import ImageFolder
+
+    ds = ImageFolder(str(mixed_folder), transform=PIPELINES["c"]())
+    batches = list(DataLoader(ds, batch_size=4, num_workers=1))  # the worker's fetcher: one thread there
+    assert len(batches) == 3 and parallel_batches == []
+
+
+def test_a_file_that_fails_raises_stocks_error_with_stocks_generators(mixed_folder, tmp_path):
+    """A truncated JPEG in the third batch: the same exception, after the same draws, as stock."""
+    from torchvision.datasets import ImageFolder
+
+    root = tmp_path / "broken"
+    shutil.copytree(mixed_folder, root)
+    data = (root / "a" / "grey.jpg").read_bytes()
+    (root / "a" / "grey.jpg").write_bytes(data[: len(data) // 2])
+
+    def run():
+        seed_all(5)
+        ds = ImageFolder(str(root), transform=PIPELINES["pets"]())
+        got = []
+        with pytest.raises(OSError) as exc:
+            for x, _ in DataLoader(ds, batch_size=4, num_workers=0):
+                got.append(x)
+        return got, type(exc.value), rng_state()
+
+    stock = run()
+    nano_patch.patch_torch(loader_threads=2)
+    patched = run()
+    assert len(stock[0]) == len(patched[0]) and all(torch.equal(a, b) for a, b in zip(stock[0], patched[0]))
+    assert patched[1] is stock[1]
+    assert rng_differences(patched[2], stock[2]) == []
+
+
+def test_a_subclass_that_overrides_getitem_is_called_per_item(mixed_folder, parallel_batches):
+    from torchvision.datasets import ImageFolder
+
+    class Tagged(ImageFolder):
+        def __getitem__(self, i):
+            x, y = super().__getitem__(i)
+            return x, y + 100
+
+    nano_patch.patch_torch(loader_threads=2)
+    ys = torch.cat([y for _, y in DataLoader(Tagged(str(mixed_folder), transform=PIPELINES["c"]()), batch_size=4)])
+    assert ys.min() >= 100 and parallel_batches == []
+
+
+@pytest.mark.parametrize("value", [0, -1, "many", 2.5, True])
+def test_a_bad_loader_threads_value_names_the_option_and_the_accepted_values(value):
+    with pytest.raises(nano_patch.ConfigError, match=r"loader_threads.*accepted: a positive int, \"auto\""):
+        nano_patch.patch_torch(loader_threads=value)
+    assert not nano_patch.is_patched()
+
+
+def test_the_pool_is_sized_to_the_usable_cores(monkeypatch, tmp_path):
+    monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6, 7})
+    monkeypatch.setattr(parallel, "_cgroup_quota", lambda: None)
+    assert parallel.usable_cores() == 8
+    monkeypatch.setattr(parallel, "_cgroup_quota", lambda: 2.5)  # a container given 2.5 CPUs
+    assert parallel.usable_cores() == 3
+    nano_patch.patch_torch()
+    assert parallel.threads() == 3
