@@ -6,7 +6,9 @@ the stock folder reader (``ReaderImageFolder``) and RGB images, ``__getitem__`` 
 from the reader and hands it to the same loading path as torchvision's datasets: libjpeg-turbo, the
 decoded-image cache, crop-region decode, and the transform's plan. timm's own behaviour is kept:
 a file that cannot be opened or decoded is skipped with timm's warning and the next index is
-tried, up to the dataset's retry limit; errors of the transform itself are raised. Any other reader
+tried, up to the dataset's retry limit; errors of the transform itself are raised. PIL's guards act as
+in timm's own code (``decode.check_open``, before any pixel or draw): a DecompressionBombError, or a
+warning the user's filters make an error, is no OSError, so it is raised, not skipped. Any other reader
 (tar, Hugging Face, webdataset...), ``load_bytes``, another ``input_img_mode``, or a subclass that
 overrides ``__getitem__`` runs timm's own code.
 """

@@ -130,6 +130,10 @@ def load_samples(dataset: Any, entries: list[tuple[Any, Any]], transform: Any, t
             targets.append(target_transform(target) if target_transform is not None else target)
         drawn = time.perf_counter()
         rendered = parallel.map_in_order(_render, jobs, n_threads)
+    except _GuardRaised as raised:
+        # raised where stock raises it, every generator where stock's is then: no retry one by one, which would
+        # repeat the warnings this batch's draws already gave
+        raise raised.error from None
     except plan.NotSplittable as exc:
         _restore(states)
         if exc.every_time:
@@ -159,6 +163,21 @@ def load_samples(dataset: Any, entries: list[tuple[Any, Any]], transform: Any, t
     return out
 
 
+class _GuardRaised(Exception):
+    """PIL's guard raised in the draw: stock's error at stock's point (the earlier samples' draws are stock's)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _guard(check: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return check(*args)
+    except Exception as exc:
+        raise _GuardRaised(exc) from exc
+
+
 def _draw(path: Any, transform: Any, store: cache.Store | None, crop_window: bool) -> Job:
     """The sample's source of pixels and its size, then its draws (``transform``'s plan on a Recording)."""
     job = _source(path, store, crop_window)
@@ -175,6 +194,7 @@ def _source(path: Any, store: cache.Store | None, crop_window: bool) -> Job:
         if material is not None:
             a = store.get(material)
             if a is not None:
+                _guard(decode.check_size, a.shape[0], a.shape[1])  # stock's size rule, as its open of the file
                 from . import loading
 
                 if report.stats is not None:
@@ -183,7 +203,10 @@ def _source(path: Any, store: cache.Store | None, crop_window: bool) -> Job:
             if not store.accepting:
                 material = None
     data = decode.read_bytes(path)
-    size = decode.jpeg_size(data)  # the header, with PIL's guards applied in this thread, in stock's order
+    size = decode.jpeg_size(data)
+    # PIL's guards on the header, in this thread, in stock's order (before this sample's draws)
+    if size is not None and not _guard(decode.check_open, data, *size):
+        size = None  # PIL's open rejects the bytes: PIL decodes the file below and raises stock's error
     if size is None:
         # not a JPEG libjpeg-turbo takes like PIL: PIL decodes it now, in this thread, as one by one
         a, reproducible = decode.decode_rgb_reproducibly(path, data=data)
@@ -206,7 +229,7 @@ def _render(job: Job) -> Rendered:
     else:
         a = job.array
         if a is None:
-            a, reproducible = decode.decode_rgb_reproducibly(job.path, data=job.data)
+            a, reproducible = decode.decode_rgb_reproducibly(job.path, data=job.data, checked=True)
             decode_s = time.perf_counter() - start
             if a.shape[:2] != tuple(job.size):
                 raise plan.RenderFailed("the decode's size is not the header's")

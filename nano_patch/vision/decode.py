@@ -3,11 +3,18 @@
 The result always equals stock ``PIL.Image.open(path).convert("RGB")``: the file's bytes, not its
 extension, decide the decoder; CMYK/YCCK JPEGs and every other format go through PIL; a corrupt or
 truncated file raises the exception class PIL raises, with the path in the message.
+
+PIL's guards stay: before libjpeg-turbo allocates a pixel, :func:`check_open` applies what stock's
+``Image.open`` does to the header (the installed PIL's decompression-bomb rule, read at call time,
+and PIL's own open of the bytes where the header carries EXIF or MPF data, whose parsing warns).
 """
 
 from __future__ import annotations
 
+import io
 import os
+import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -16,6 +23,92 @@ from PIL import Image
 from .. import report
 
 _JPEG_SOI = b"\xff\xd8\xff"
+
+
+def _own_bomb_check(size: tuple[int, int]) -> None:
+    """PIL's rule, for a PIL without ``_decompression_bomb_check``: same classes, same messages."""
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is None:
+        return
+    pixels = max(1, size[0]) * max(1, size[1])
+    if pixels > 2 * limit:
+        raise Image.DecompressionBombError(
+            f"Image size ({pixels} pixels) exceeds limit of {2 * limit} pixels, "
+            "could be decompression bomb DOS attack."
+        )
+    if pixels > limit:
+        warnings.warn(
+            f"Image size ({pixels} pixels) exceeds limit of {limit} pixels, could be decompression bomb DOS attack.",
+            Image.DecompressionBombWarning,
+            stacklevel=1,  # PIL's own: the warning is attributed to the line that issues it
+        )
+
+
+#: The installed PIL's own rule (Pillow and pillow-simd both have it and take the (width, height) size
+#: positionally). It reads ``Image.MAX_IMAGE_PIXELS`` at each call, so a limit the user lowers, or None,
+#: acts at once; its warning is issued from PIL's own line, so warnings filters and the once-per-
+#: location registry treat it exactly as stock's.
+_bomb_check: Callable[[tuple[int, int]], None] = getattr(Image, "_decompression_bomb_check", _own_bomb_check)
+
+
+def check_size(height: int, width: int) -> None:
+    """Stock's decompression-bomb rule on an image of this size: DecompressionBombError above twice
+    ``Image.MAX_IMAGE_PIXELS``, DecompressionBombWarning above it, nothing when it is None."""
+    _bomb_check((width, height))
+
+
+# Markers PIL's JPEG open reads with a 2-byte length and no warning of its own: the SOFs (not 0xC8),
+# DHT, DAC, DQT, DRI, APP0-APP15 and COM. Anything else makes PIL's own open run (see _plain_open).
+_LENGTH_MARKERS = frozenset([*range(0xC0, 0xC8), *range(0xC9, 0xD0), 0xDB, 0xDD, *range(0xE0, 0xF0), 0xFE])
+
+
+def _plain_open(data: bytes) -> bool:
+    """True when stock's ``Image.open`` of this JPEG can warn of nothing but its size.
+
+    PIL's JPEG open warns from two places besides the bomb check: its parse of an APP1 "Exif" segment
+    (to find the DPI, e.g. "Corrupt EXIF data") and of an APP2 "MPF" one (MPO detection). Walks the
+    segments up to the first scan, as PIL does; any oddity answers False, so that PIL itself decides.
+    """
+    n, i = len(data), 2
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            return False
+        m = data[i + 1]
+        if m == 0xFF:  # fill byte before a marker
+            i += 1
+            continue
+        if m == 0xDA:
+            return True
+        if m not in _LENGTH_MARKERS:
+            return False
+        if m == 0xE1 and data.startswith(b"Exif\x00\x00", i + 4):
+            return False
+        if m == 0xE2 and data.startswith(b"MPF\x00", i + 4):
+            return False
+        i += 2 + ((data[i + 2] << 8) | data[i + 3])
+    return False
+
+
+def check_open(data: bytes, height: int, width: int) -> bool:
+    """Stock ``Image.open``'s checks on a JPEG about to be decoded by libjpeg-turbo, in this thread,
+    before any pixel is allocated: its warnings and errors, same classes, same messages, same order.
+
+    The decompression-bomb rule on the header's size; where the header holds EXIF or MPF data, PIL's
+    own open of the bytes instead (it parses them, warns as stock does, and applies the same rule).
+    False when that open fails otherwise: PIL then decodes the file and raises stock's error.
+    A later decode of the same bytes is told ``checked=True``, so that nothing warns twice.
+    """
+    if _plain_open(data):
+        _bomb_check((width, height))
+    else:
+        try:
+            with Image.open(io.BytesIO(data)):
+                pass
+        except Exception as exc:
+            if isinstance(exc, (Warning, Image.DecompressionBombError)):
+                raise  # stock's own: a warning made an error by the user's filters, or the bomb error
+            return False
+    return True
 
 
 def _simplejpeg():
@@ -52,19 +145,22 @@ def jpeg_size(data: bytes) -> tuple[int, int] | None:
 
 
 def decode_rgb(
-    path: str | os.PathLike[str], min_size: tuple[int, int] | None = None, data: bytes | None = None
+    path: str | os.PathLike[str], min_size: tuple[int, int] | None = None, data: bytes | None = None,
+    *, checked: bool = False,
 ) -> np.ndarray:
     """Decode ``path`` to an HxWx3 uint8 RGB array equal to ``PIL.Image.open(path).convert("RGB")``.
 
     ``min_size`` = (height, width) lets libjpeg-turbo scale a JPEG down in the DCT domain (by 1/2,
     1/4 or 1/8) while keeping both sides at least that large. It is only a permission: the caller
     must resize the result to its final size. ``data``: the file's bytes, when already read.
+    ``checked``: the caller already ran :func:`check_open` on them (its warnings are not repeated).
     """
-    return decode_rgb_reproducibly(path, min_size, data)[0]
+    return decode_rgb_reproducibly(path, min_size, data, checked=checked)[0]
 
 
 def decode_rgb_reproducibly(
-    path: str | os.PathLike[str], min_size: tuple[int, int] | None = None, data: bytes | None = None
+    path: str | os.PathLike[str], min_size: tuple[int, int] | None = None, data: bytes | None = None,
+    *, checked: bool = False,
 ) -> tuple[np.ndarray, bool]:
     """:func:`decode_rgb`, and whether the same file always decodes to these pixels with this software.
 
@@ -74,7 +170,7 @@ def decode_rgb_reproducibly(
     """
     data = read_bytes(path) if data is None else data
     size = jpeg_size(data)
-    if size is not None:
+    if size is not None and (checked or check_open(data, *size)):
         sj = _simplejpeg()
         kwargs: dict[str, Any] = {"colorspace": "RGB"}
         if min_size is not None:
@@ -116,14 +212,14 @@ def why_pil(data: bytes) -> str:
     return "other image formats: decoded by PIL"
 
 
-def decode_jpeg_native(path: str | os.PathLike[str]) -> np.ndarray | None:
+def decode_jpeg_native(path: str | os.PathLike[str], *, checked: bool = False) -> np.ndarray | None:
     """A baseline/progressive JPEG in its own mode, as ``Image.open(path)`` would hold it: HxW for
     grayscale ("L"), HxWx3 for colour ("RGB"). None for anything else (CMYK, other formats, damage):
-    the caller then opens the file with PIL as stock does."""
+    the caller then opens the file with PIL as stock does. ``checked``: as :func:`decode_rgb`."""
     data = read_bytes(path)
     header = _jpeg_header(data)
     arr = None
-    if header is not None:
+    if header is not None and (checked or check_open(data, header[0], header[1])):
         gray = header[2] == "Gray"
         try:
             arr = _simplejpeg().decode_jpeg(data, colorspace="GRAY" if gray else "RGB", strict=True)

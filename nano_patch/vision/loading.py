@@ -48,6 +48,9 @@ def cached(store: cache.Store, path: str | os.PathLike[str], native_mode: bool =
         return None  # cannot stat it: the decode raises stock's error
     a = store.get(material)
     if a is not None:
+        # Stock opens the file each time, and PIL's size rule acts there: a limit lowered since the
+        # image was stored must act on the hit (the entry is the full decode, so its shape is the size).
+        decode.check_size(a.shape[0], a.shape[1])
         if report.stats is not None:
             _count_hit(path, a, native_mode)
         return a
@@ -77,10 +80,10 @@ def _count_hit(path: str | os.PathLike[str], a: np.ndarray, native_mode: bool) -
     if stats is not None and not _timed_a_decode:
         _timed_a_decode = True
         start = time.perf_counter()
-        if native_mode:
-            decode.decode_jpeg_native(path)
+        if native_mode:  # checked: the hit already applied stock's size rule, warn no second time
+            decode.decode_jpeg_native(path, checked=True)
         else:
-            decode.decode_rgb(path)
+            decode.decode_rgb(path, checked=True)
         stats.cache["decode_s"] += time.perf_counter() - start
         stats.cache["decode_px"] += a.shape[0] * a.shape[1]
 
@@ -141,7 +144,9 @@ def _load(path: str | os.PathLike[str], compose: Any, dataset: Any) -> tuple[Any
     if plan.plan_for(compose).crop_first and native.available("crop_decode"):
         data = decode.read_bytes(path)
         size = decode.jpeg_size(data)
-        if size is not None:
+        # Stock's open-stage checks (decompression bomb, EXIF warnings) before the crop is drawn from
+        # the header: stock raises or warns inside Image.open, before the transform draws anything.
+        if size is not None and decode.check_open(data, *size):
             return None, 0, plan.JpegPixels(data, size, path)
     arr, done = _decode_with_first_resize(path, compose.transforms, data)
     return arr, done, None

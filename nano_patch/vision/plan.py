@@ -200,7 +200,7 @@ class JpegPixels(Pixels):
         from . import decode
 
         try:
-            a = decode.decode_rgb(self.path, data=self.data)
+            a = decode.decode_rgb(self.path, data=self.data, checked=True)  # its maker ran decode.check_open
         except Exception as exc:  # noqa: BLE001 - stock's own error, raised again by the caller
             raise DecodeFailed(exc) from exc
         Pixels.base.__set__(self, a)  # type: ignore[attr-defined]
