@@ -216,3 +216,39 @@ def test_the_pool_is_sized_to_the_usable_cores(monkeypatch, tmp_path):
     assert parallel.usable_cores() == 3
     nano_patch.patch_torch()
     assert parallel.threads() == 3
+
+
+def _timm_epochs(folder, make, epochs=2):
+    from timm.data import ImageDataset
+
+    seed_all(4)
+    loader = DataLoader(ImageDataset(str(folder), transform=make()), batch_size=4, shuffle=True, num_workers=0)
+    out = []
+    for _ in range(epochs):
+        out.append([(x.clone(), y.clone()) for x, y in loader])
+        out.append(rng_state())
+    return out
+
+
+@pytest.mark.parametrize("name", ["timm train", "timm RandAugment"])
+def test_timms_image_dataset_loads_its_batches_in_parallel_as_stock(mixed_folder, parallel_batches, name):
+    pytest.importorskip("timm")
+    from timm.data import create_transform
+
+    make = (lambda: create_transform(96, is_training=True)) if name == "timm train" else _timm_ra
+    stock = _timm_epochs(mixed_folder, make)
+    nano_patch.patch_torch(loader_threads=2)
+    _equal(stock, _timm_epochs(mixed_folder, make))
+    assert len(parallel_batches) == 2 * 3
+
+
+def test_timm_skips_a_broken_file_in_a_batch_as_stock(mixed_folder, tmp_path):
+    """timm skips a file it cannot load and takes the next index: the batch goes one by one, as stock."""
+    pytest.importorskip("timm")
+    root = tmp_path / "broken"
+    shutil.copytree(mixed_folder, root)
+    data = (root / "a" / "grey.jpg").read_bytes()
+    (root / "a" / "grey.jpg").write_bytes(data[: len(data) // 3])
+    stock = _timm_epochs(root, PIPELINES["pets"])
+    nano_patch.patch_torch(loader_threads=2)
+    _equal(stock, _timm_epochs(root, PIPELINES["pets"]))

@@ -54,6 +54,56 @@ class TimmDatasetsPatch(Patch):
         from timm.data.readers.reader_image_folder import ReaderImageFolder
 
         self.record.wrap(dataset.ImageDataset, "__getitem__", _getitem(ReaderImageFolder, vars(ReaderImageFolder)))
+        self.record.replace(dataset.ImageDataset, "__getitems__",
+                            _getitems(dataset.ImageDataset, ReaderImageFolder, vars(ReaderImageFolder)))
+
+
+def _why_timm_code(instance: Any, reader_cls: type, stock_getitem: Any) -> str | None:
+    """Why ``instance`` loads through timm's own code, or None when the patch's path takes it."""
+    reader = getattr(instance, "reader", None)
+    if type(reader) is not reader_cls or vars(reader_cls).get("__getitem__") is not stock_getitem:
+        return "a reader other than timm's folder reader: timm code"
+    if getattr(instance, "load_bytes", True):
+        return "load_bytes=True: timm code"
+    if getattr(instance, "input_img_mode", None) != "RGB":
+        return "input_img_mode other than RGB: timm code"
+    return None
+
+
+def _getitems(dataset_cls: type, reader_cls: type, reader_methods: dict[str, Any]) -> Callable[..., Any]:
+    """``__getitems__``: a batch on the loader's threads (``vision/batch.py``), with timm's targets (-1 for
+    none, else its ``target_transform``). A file that fails to load sends the batch one by one through
+    ``__getitem__``, which skips it as timm does."""
+    from ..data import parallel
+    from ..data.batches import _inherits_getitem
+    from ..vision import batch
+
+    stock_getitem = reader_methods["__getitem__"]
+
+    def getitems(self: Any, indices: list[int]) -> list[Any]:
+        n_threads = parallel.threads()
+        if n_threads > 1 and _inherits_getitem(type(self), dataset_cls) and \
+                _why_timm_code(self, reader_cls, stock_getitem) is None:
+            try:
+                entries = [self.reader.samples[i] for i in indices]
+            except Exception:  # noqa: BLE001 - a bad index: one by one raises timm's error at timm's point
+                entries = None
+            if entries is not None:
+                target_transform = self.target_transform
+
+                def target_of(target: Any) -> Any:
+                    if target is None:
+                        return -1
+                    return target if target_transform is None else target_transform(target)
+
+                out = batch.load_samples(self, entries, self.transform, target_of, n_threads,
+                                         lambda k: self[indices[k]])
+                if out is not None:
+                    report.count(PATCH_NAME, True, "sample decoded and transformed through the patch")
+                    return out
+        return [self[i] for i in indices]
+
+    return getitems
 
 
 def _getitem(reader_cls: type, reader_methods: dict[str, Any]) -> Callable[..., Any]:
@@ -64,15 +114,10 @@ def _getitem(reader_cls: type, reader_methods: dict[str, Any]) -> Callable[..., 
 
     def getitem(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         reader = getattr(instance, "reader", None)
-        why = None
         if len(args) != 1 or kwargs:
-            why = "called with other arguments than an index: timm code"
-        elif type(reader) is not reader_cls or vars(reader_cls).get("__getitem__") is not stock_getitem:
-            why = "a reader other than timm's folder reader: timm code"
-        elif getattr(instance, "load_bytes", True):
-            why = "load_bytes=True: timm code"
-        elif getattr(instance, "input_img_mode", None) != "RGB":
-            why = "input_img_mode other than RGB: timm code"
+            why: str | None = "called with other arguments than an index: timm code"
+        else:
+            why = _why_timm_code(instance, reader_cls, stock_getitem)
         if why is not None:
             report.count(PATCH_NAME, False, why)
             return wrapped(*args, **kwargs)
