@@ -17,9 +17,16 @@ folder of at least 1 GB decoded, 2 workers, stock against the warm cache: each w
 memory (``RssAnon``: what must not grow with the dataset) apart from its file-backed pages
 (``RssFile``: the store's pages, which live in the shared, reclaimable page cache).
 
+``--open-check GB [GB ...]``: what the check before a run's first read costs (``cache.check_store``:
+a child process that verifies the store offline and walks every key through LMDB), on stores filled
+with pet-photo-sized entries (500 x 375 x 3) one commit each, as a first epoch fills them: with the
+store's pages in the page cache (warm) and after they are dropped from it (cold, ``POSIX_FADV_DONTNEED``
+on the data file only). The stores are real files: a 20 GB one needs 20 GB of free disk.
+
 Results: ``benchmarks/results/cache[-STEM].json`` and ``.png``.
 
     python benchmarks/cache.py --rounds 3 [--workers 0|2] [--memory]
+    python benchmarks/cache.py --open-check 1 20
 """
 
 from __future__ import annotations
@@ -203,6 +210,50 @@ def big_folder(root: Path, images: int) -> int:
     return total
 
 
+# --- the open-time check ---------------------------------------------------------------------------
+
+
+def open_check(sizes_gb: list[float], tmp: Path, rounds: int) -> dict:
+    """Seconds of ``cache.check_store`` on stores of ``sizes_gb``, warm and cold, with the fill time."""
+    import numpy as np
+
+    from nano_patch.vision import cache
+
+    out: dict = {"machine": machine(), "rounds": rounds, "stores": {}}
+    image = np.random.default_rng(0).integers(0, 255, (375, 500, 3), dtype=np.uint8)
+    for gb in sizes_gb:
+        folder = tmp / f"check-{gb:g}GB"
+        entries = int(gb * 1e9 // image.nbytes)
+        store = cache.open_store(folder, int(gb * 1e9 * 1.05) + 64 * 1024**2)
+        start = time.perf_counter()
+        for i in range(entries):
+            if not store.put(b"open-check entry %d" % i, image):  # one commit each, as a first epoch adds them
+                raise SystemExit(f"the store stopped taking entries at {i} of {entries} (disk space?)")
+        fill_s = time.perf_counter() - start
+        store.close_for_fork()
+        data = store.path / "data.mdb"
+        warm, cold = [], []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            verdict = cache.check_store(store.path)
+            warm.append(time.perf_counter() - start)
+            assert verdict == ("sound", ""), verdict
+            fd = os.open(data, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # this file's pages only, not the machine's
+            os.close(fd)
+            start = time.perf_counter()
+            verdict = cache.check_store(store.path)
+            cold.append(time.perf_counter() - start)
+        row = {"entries": entries, "bytes": data.stat().st_size, "fill_s": fill_s,
+               "warm_s": statistics.median(warm), "cold_s": statistics.median(cold), "warm_all": warm,
+               "cold_all": cold}
+        out["stores"][f"{gb:g} GB"] = row
+        print(f"{gb:g} GB ({entries} entries, {row['bytes'] / 1e9:.2f} GB): check {row['warm_s']:.2f} s warm, "
+              f"{row['cold_s']:.2f} s cold (filled in {fill_s:.0f} s)", flush=True)
+        shutil.rmtree(folder)
+    return out
+
+
 # --- output -----------------------------------------------------------------------------------------
 
 
@@ -253,6 +304,8 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=["pets", "b", "c"], choices=list(PIPELINES))
     ap.add_argument("--memory", action="store_true", help="measure worker memory over >= 1 GB decoded instead")
     ap.add_argument("--memory-images", type=int, default=480)
+    ap.add_argument("--open-check", nargs="+", type=float, metavar="GB",
+                    help="time the check made before a run's first read, on stores of these sizes")
     ap.add_argument("--stem", default=None)
     ap.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -263,6 +316,13 @@ def main() -> None:
     from make_photo_folder import build
 
     RESULTS.mkdir(exist_ok=True)
+    if args.open_check:
+        # Beside the results (a large store may not fit a tmpfs /tmp); removed after each size.
+        with tempfile.TemporaryDirectory(dir=RESULTS) as tmp_name:
+            result = open_check(args.open_check, Path(tmp_name), args.rounds)
+        stem = args.stem or "cache-open-check"
+        (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2))
+        return
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         if args.memory:

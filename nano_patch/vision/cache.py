@@ -28,12 +28,33 @@ with the process's own ``mmap`` (never unmapped; valid in forked children too), 
 a rebuild rename the store away before removing it, so a process still reading it keeps a valid
 mapping.
 
-Safety:
+Safety: the store is untrusted until checked, as PIL treats a file. A mapped store must never take the
+process down (a read past the end of a mapped file, or a write to a page the disk cannot back, is a
+SIGBUS, with no Python exception), so:
 - the folder is created with mode 0700; one owned by another user, or writable by group or others,
-  is refused with one warning and the run goes on uncached;
-- a store that is not an LMDB file, is truncated (pages the store says it has are missing), or is
-  of another format is discarded and rebuilt, with one warning;
-- a full disk or a read-only location: one warning, and the run goes on without adding entries;
+  is refused with one warning and the run goes on uncached; so is a store folder that is a symbolic
+  link or open to others, and a data or lock file that is a link, another user's, or has more than
+  one name (it is never written through);
+- before a process first reads an existing store, a short-lived child process checks it
+  (:func:`check_store`: py-lmdb's offline verifier, which reads with ``read()``, then LMDB's own walk
+  and lookup of every key); a fault kills the child, not the run. Damage (the child finds it, or dies
+  of SIGBUS/SIGSEGV/SIGABRT) discards and rebuilds the store, with one warning. The verdict is kept for
+  the process tree (an environment variable: DataLoader workers and launched ranks skip the check) and
+  in the store folder, keyed by the data file's device, inode, size and both times (any write to it
+  changes them), for an hour;
+- every image view is checked against the data file's current size before it is made, and every
+  entry's header and key material on every read (a failed entry switches the cache off for the run
+  and marks the store to be rebuilt);
+- "cannot use it now" is not damage: ENOMEM (the cap's map under an address-space limit; a smaller map
+  is used when one fits), EACCES/EPERM, EROFS, ENOSPC: one warning naming the cause, the run goes on
+  uncached, and the store is left as it is;
+- LMDB writes its lock file through a shared map: every page of it is allocated (``fallocate``) before
+  LMDB opens it, as are holes in the data file (tmpfs needs a page even to read one), so a full disk is
+  an error, not a fault; a store is only created with room for it, and stops adding entries before the
+  disk's last 16 MB;
+- a file whose modification or change time is within the file system's timestamp granularity of now
+  (one second for whole-second timestamps) is served but not cached, so that a same-size rewrite in
+  the same second can never be served the old pixels (git's "racily clean" rule);
 - what the store cannot detect: bytes changed inside a value (a bit flip on disk, say) that keep
   its header intact. There is no checksum over the pixels: it would cost more than the decode it saves.
 """
@@ -46,6 +67,7 @@ import hashlib
 import math
 import os
 import shutil
+import signal
 import stat
 import struct
 import sys
@@ -114,12 +136,17 @@ def decoder_identity() -> str:
 # --- warnings, once per process tree --------------------------------------------------------------
 
 
+#: Guards this module's read-modify-writes of ``os.environ`` (threads of one process).
+_env_lock = threading.Lock()
+
+
 def _warn_once(tag: str, message: str) -> None:
     """Warn unless this process or the one that started it already did for ``tag``."""
-    done = set(filter(None, os.environ.get(WARNED_ENV, "").split(",")))
-    if tag in done:
-        return
-    os.environ[WARNED_ENV] = ",".join(sorted(done | {tag}))
+    with _env_lock:
+        done = set(filter(None, os.environ.get(WARNED_ENV, "").split(",")))
+        if tag in done:
+            return
+        os.environ[WARNED_ENV] = ",".join(sorted(done | {tag}))
     from ..registry import NanoPatchWarning
 
     warnings.warn(f"nano-patch: {message}", NanoPatchWarning, stacklevel=3)
@@ -216,32 +243,76 @@ class _StoreFile:
     with ``mmap``, which are never unmapped, stay valid in forked children, and never change under a
     view: a value's pages are only written once (entries are only added). Where the file cannot be
     mapped or located (not Linux, a store replaced since it was opened), values are copied instead.
+
+    It also tells where a value LMDB handed out lies in the file (:meth:`locate`) and whether the file
+    holds all of it (:meth:`holds`): a value whose recorded size runs past the end of the file would
+    raise SIGBUS when read, so it is checked before anything reads it.
+
+    Threads: the state is replaced whole under ``_lock`` (tuples, lists copied on write), and read
+    without it as one attribute load, so readers never see half an update.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._lock = threading.Lock()
+        #: the data file LMDB's map was opened on, kept open: its size and maps are of that very file,
+        #: even after a rebuild or ``clear`` put another one in its place
+        self._fd: int | None = None
         self._ino: int | None = None
+        self._size = 0  # the file's size when last looked at: it only grows while the inode is the same
         self._lmdb_map: tuple[int, int, int] | None = None  # (start, end, file offset of start)
-        self._maps: list[np.ndarray] = []  # whole-file maps, each as long as the file was when made
+        self._maps: tuple[np.ndarray, ...] = ()  # whole-file maps, each as long as the file was when made
 
     def opened(self) -> None:
         """The environment was (re)opened: its map may sit elsewhere, its file may be a new one."""
+        fd: int | None = None
         try:
-            ino = os.stat(self.path).st_ino
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+            st = os.fstat(fd)
+            ino, size = st.st_ino, st.st_size
         except OSError:
-            ino = None
-        if ino != self._ino:
-            self._ino, self._maps = ino, []  # old maps stay alive in the views made from them
-        self._lmdb_map = None
+            if fd is not None:
+                os.close(fd)
+            fd, ino, size = None, None, 0
+        with self._lock:
+            old, self._fd = self._fd, fd
+            if ino != self._ino:
+                self._ino, self._maps = ino, ()  # old maps stay alive in the views made from them
+            self._size = size
+            self._lmdb_map = None
+        if old is not None:
+            with contextlib.suppress(OSError):
+                os.close(old)
 
-    def view(self, value: Any, offset: int, length: int) -> np.ndarray | None:
-        addr = np.frombuffer(value, np.uint8, 1).__array_interface__["data"][0]
+    def locate(self, value: Any) -> int | None:
+        """The file offset of the first byte of ``value`` (memory in LMDB's map), or None if unknown."""
+        addr = np.frombuffer(value, np.uint8, 1).__array_interface__["data"][0]  # no byte is read
         where = self._lmdb_map
         if where is None or not where[0] <= addr < where[1]:
-            where = self._lmdb_map = _mapping_of(addr, self._ino)
+            where = _mapping_of(addr, self._ino)
             if where is None:
                 return None
-        start = addr - where[0] + where[2] + offset
+            with self._lock:
+                self._lmdb_map = where
+        return addr - where[0] + where[2]
+
+    def holds(self, end: int) -> bool:
+        """The data file is at least ``end`` bytes long now (looked up again only when it seems not)."""
+        if end <= self._size:
+            return True
+        fd = self._fd
+        try:
+            st = os.fstat(fd) if fd is not None else None
+        except OSError:
+            st = None
+        if st is None:
+            return True  # the file cannot be looked at: the open-time check is all there is
+        with self._lock:
+            self._size = max(self._size, st.st_size)
+        return end <= st.st_size
+
+    def view(self, start: int, length: int) -> np.ndarray | None:
+        """``length`` bytes at file offset ``start`` through this process's own map (None: copy instead)."""
         for a in reversed(self._maps):
             if start + length <= a.size:
                 return a[start:start + length]
@@ -253,21 +324,23 @@ class _StoreFile:
     def _map_file(self) -> np.ndarray | None:
         import mmap
 
-        try:
-            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-        except OSError:
+        fd = self._fd
+        if fd is None:
             return None
         try:
             st = os.fstat(fd)
-            if st.st_ino != self._ino or st.st_size == 0:
-                return None  # replaced since the environment was opened: copy instead
+            if st.st_size == 0:
+                return None
             a = np.frombuffer(mmap.mmap(fd, st.st_size, prot=mmap.PROT_READ), np.uint8)
-        except (OSError, ValueError):
+        except (OSError, ValueError):  # ENOMEM under an address-space limit, too: copy instead
             return None
-        finally:
-            os.close(fd)
-        self._maps.append(a)
+        with self._lock:
+            self._maps = (*self._maps, a)
+            self._size = max(self._size, a.size)
         return a
+
+    def reset_after_fork(self) -> None:
+        self._lock = threading.Lock()
 
 
 def _mapping_of(addr: int, ino: int | None) -> tuple[int, int, int] | None:
@@ -287,11 +360,386 @@ def _mapping_of(addr: int, ino: int | None) -> tuple[int, int, int] | None:
     return None
 
 
-# --- the store ----------------------------------------------------------------------------------
+# --- the store's files: damage, refusal, space ----------------------------------------------------
 
 
 class StoreDamaged(Exception):
-    """The store on disk cannot be trusted: the message says what is wrong."""
+    """The store on disk cannot be trusted: the message says what is wrong. It is discarded and rebuilt."""
+
+
+class StoreRefused(Exception):
+    """The store cannot be used now (permissions, a read-only disk, no space, no address space, a store
+    folder or file that is not private): the run goes on uncached and the store is left as it is."""
+
+
+#: Reader slots LMDB keeps in the lock file (one per process or thread reading at once).
+MAX_READERS = 2048
+#: The lock file's size for MAX_READERS: LMDB's header (192 bytes) and 64 bytes per slot, in whole pages.
+#: LMDB writes it through a shared map: every page of it is allocated before LMDB opens it, since a
+#: page that cannot be backed (a full tmpfs or ext4) would raise SIGBUS inside ``lmdb.open``.
+LOCK_BYTES = -(-(192 + MAX_READERS * 64) // 4096) * 4096
+#: Free space a new store needs: its lock file, its two meta pages and its first entries' pages.
+CREATE_MIN_FREE = LOCK_BYTES + 64 * 1024
+#: Free space left to everything else on the disk: a store stops adding entries rather than go below it.
+SPACE_RESERVE = 16 * 1024**2
+#: Errors that mean "cannot use it now", never "damaged".
+_REFUSAL_ERRNOS = {errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
+                   errno.EROFS: "read-only file system", errno.ENOSPC: "no space left on the disk",
+                   errno.EDQUOT: "disk quota exceeded", errno.ENOMEM: "not enough memory or address space",
+                   errno.EFBIG: "file too large for the file-size limit (ulimit -f)"}
+
+_FALLOC_KEEP_SIZE = 1
+_fallocate_fn: Any = None
+
+
+def _fallocate(fd: int, offset: int, length: int, keep_size: bool = False) -> None:
+    """Linux ``fallocate(2)``: allocate the blocks of a byte range (already allocated ones are kept, and
+    no byte changes), so that no later write through a map of it can fault for want of space; ENOSPC
+    comes back here as an ``OSError`` instead. Not ``os.posix_fallocate``: where the file system lacks
+    fallocate, glibc emulates it by reading and writing back a byte per block, which would race with
+    other processes writing their reader slots into the lock file."""
+    global _fallocate_fn
+    if _fallocate_fn is None:
+        import ctypes
+
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fn = getattr(libc, "fallocate64", None) or libc.fallocate
+            fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+            fn.restype = ctypes.c_int
+        except (OSError, AttributeError):
+            fn = False
+        _fallocate_fn = fn
+    if not _fallocate_fn:
+        raise OSError(errno.EOPNOTSUPP, "fallocate is not available")
+    import ctypes
+
+    if _fallocate_fn(fd, _FALLOC_KEEP_SIZE if keep_size else 0, offset, length) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def _free_space(path: Path) -> int:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
+
+
+def _allocate(fd: int, st: os.stat_result, size: int, keep_size: bool, path: Path) -> None:
+    """Make sure every block of the first ``size`` bytes of the open file is allocated (see :func:`_fallocate`).
+
+    A file with fewer blocks than bytes has holes; on tmpfs even reading a hole through a map needs a
+    page, so a full tmpfs raises SIGBUS there. Where fallocate is unsupported, the free space must at
+    least cover the holes.
+    """
+    if st.st_blocks * 512 >= size:
+        return
+    try:
+        _fallocate(fd, 0, size, keep_size=keep_size)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            raise
+        if _free_space(path.parent) < size - st.st_blocks * 512 + SPACE_RESERVE:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) from exc
+
+
+def _refusal(exc: OSError, where: Path) -> StoreRefused:
+    why = _REFUSAL_ERRNOS.get(exc.errno or 0) or exc.strerror or str(exc)
+    return StoreRefused(f"cannot use {where}: {why}")
+
+
+# --- the open-time check, in a child process ------------------------------------------------------
+
+#: What the child exits with: the store is sound, damaged, or could not be checked.
+_SOUND, _DAMAGED, _UNCHECKED = 0, 10, 11
+#: Deaths by these signals are faults on the store's bytes: the store is damaged. A child killed by any
+#: other signal (the OOM killer's SIGKILL, a Ctrl-C) proves nothing: the store is kept, unused this run.
+_FAULTS = {signal.SIGBUS, signal.SIGSEGV, signal.SIGABRT, signal.SIGILL, signal.SIGFPE, signal.SIGSYS}
+#: Environment: data files (device:inode) this process tree checked or made (children skip the check).
+VERIFIED_ENV = "_NANO_PATCH_CACHE_VERIFIED"
+#: A verdict file in the store folder: the data file's identity when it was found sound, and when.
+RECORD_NAME = "verified"
+#: How long a recorded verdict counts for a process outside the process tree that made it (the other
+#: ranks of a run, a run started again soon after): a day-old verdict is checked again.
+RECORD_MAX_AGE_NS = 3600 * 10**9
+
+_CHECK_CHILD = r"""
+import os, sys
+sys.path.insert(0, sys.argv[1])
+path, map_size, max_readers = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+def verdict(code, message):
+    sys.stdout.write(message)
+    sys.stdout.flush()
+    os._exit(code)
+try:
+    import lmdb
+    from lmdb import verify as offline
+except ImportError as exc:
+    verdict(%(unchecked)d, "cannot check it: %%s" %% exc)
+def problems():
+    # py-lmdb's offline verifier reads the file with read(), never through a map: damage cannot fault
+    # it. It checks both meta pages, every page reachable from the roots (the main tree and LMDB's free
+    # list), their bounds and flags, that every overflow extent (an image's pages) lies inside the
+    # file and matches its value's recorded size, key order, counts, and that live and free pages
+    # cover the file exactly once.
+    try:
+        found = offline.verify(path, subdir=True)
+    except offline.VerifyError as exc:
+        return [str(exc)]
+    return found and [found[0] + ("" if len(found) == 1 else " (and %%d more)" %% (len(found) - 1))]
+def open_env(readonly):
+    return lmdb.open(path, subdir=True, readonly=readonly, lock=True, map_size=map_size, max_readers=max_readers,
+                     max_spare_txns=0, readahead=False, sync=False, metasync=False)
+env = None
+found = problems()
+if found:
+    # A writer in another process may have committed while the file was read: read it again while
+    # holding LMDB's writer lock (no commit can happen meanwhile), and only then call it damaged.
+    try:
+        env = open_env(False)
+        with env.begin(write=True):
+            found = problems()
+    except lmdb.Error:
+        pass
+    if found:
+        verdict(%(damaged)d, found[0])
+try:
+    env = env or open_env(True)
+except lmdb.MemoryError as exc:
+    verdict(%(unchecked)d, "cannot map it to check it (%%s)" %% exc)
+except lmdb.Error as exc:
+    verdict(%(damaged)d, "not an LMDB store (%%s: %%s)" %% (type(exc).__name__, exc))
+# Then LMDB itself, on every key: a walk of the keys and a lookup of each, as a run's reads do, so that
+# whatever the engine would fault on, it faults on here, in this child. Values are not fetched: py-lmdb
+# reads every page of a value it returns, which would read the whole store (the verifier has already
+# checked that each value lies inside the file; a run checks each image's header when it reads it).
+n = 0
+with env.begin(buffers=True) as txn:
+    entries = txn.stat()["entries"]
+    lookup = txn.cursor()
+    for key in txn.cursor().iternext(keys=True, values=False):
+        n += 1
+        if n > entries:
+            verdict(%(damaged)d, "more keys than the %%d recorded" %% entries)
+        if not lookup.set_key(bytes(key)):
+            verdict(%(damaged)d, "a key the walk reaches is not found by a lookup")
+    if n != entries:
+        verdict(%(damaged)d, "%%d keys found, %%d recorded" %% (n, entries))
+verdict(%(sound)d, "")
+"""
+
+
+def _check_code() -> str:
+    return _CHECK_CHILD % {"sound": _SOUND, "damaged": _DAMAGED, "unchecked": _UNCHECKED}
+
+
+def check_store(path: Path, timeout: float | None = None) -> tuple[str, str]:
+    """Check the store at ``path`` before this process reads it: ("sound" | "damaged" | "unchecked", why).
+
+    The check runs in a short-lived child process, so that a fault on the store's bytes kills the
+    child, never this process: a child that dies of SIGBUS, SIGSEGV or SIGABRT found damage. Without a
+    Python to start (an embedded interpreter), the offline verifier runs here: it reads with ``read()``,
+    so it cannot fault either, but the engine's own walk is skipped.
+    """
+    data = path / "data.mdb"
+    try:
+        size = data.stat().st_size
+    except OSError as exc:
+        return "unchecked", f"cannot read it ({exc.strerror})"
+    if size < 2 * 4096:
+        return "damaged", f"{size} bytes: shorter than LMDB's two meta pages"
+    import lmdb
+
+    if not sys.executable or not os.path.exists(sys.executable):
+        from lmdb import verify as offline
+
+        try:
+            found = offline.verify(str(path), subdir=True)
+        except offline.VerifyError as exc:
+            found = [str(exc)]
+        return ("damaged", "; ".join(found[:3])) if found else ("sound", "")
+    import subprocess
+
+    lmdb_parent = os.path.dirname(os.path.dirname(os.path.abspath(lmdb.__file__)))
+    map_size = -(-size // 1024**2) * 1024**2 + 1024**2
+    # A cold disk reads the B-tree and each value's first page at random: allow for a slow one.
+    timeout = timeout or 120 + 10 * size / 1e9
+    try:
+        proc = subprocess.run([sys.executable, "-I", "-c", _check_code(), lmdb_parent, str(path), str(map_size),
+                               str(MAX_READERS)], stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return "unchecked", f"the check did not finish in {timeout:.0f} s"
+    except OSError as exc:
+        return "unchecked", f"cannot start the check ({exc})"
+    message = proc.stdout.decode("utf-8", "replace").strip()
+    if proc.returncode == _SOUND:
+        return "sound", ""
+    if proc.returncode == _DAMAGED:
+        return "damaged", message
+    if proc.returncode < 0:
+        sig = signal.Signals(-proc.returncode)
+        if sig in _FAULTS:
+            return "damaged", f"reading it raised {sig.name}"
+        return "unchecked", f"the check was killed by {sig.name}"
+    if proc.returncode == _UNCHECKED:
+        return "unchecked", message
+    last = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
+    return "unchecked", f"the check failed ({last[0]})"
+
+
+def _recorded_sound(store: Path, st: os.stat_result) -> bool:
+    """A check already found this data file sound: in this process tree (the environment), or recently
+    with the file unchanged since (the verdict file; any write to the file, by any program, changes its
+    size, modification or change time, and the change time cannot be set back)."""
+    if f"{st.st_dev}:{st.st_ino}" in os.environ.get(VERIFIED_ENV, "").split(","):
+        return True
+    try:
+        fd = os.open(store / RECORD_NAME, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False
+    try:
+        text = os.read(fd, 256).decode("ascii", "replace").split()
+    finally:
+        os.close(fd)
+    if len(text) != 2 or not text[1].isdigit():
+        return False
+    return (text[0] == _file_identity(st)
+            and 0 <= time.time_ns() - int(text[1]) < RECORD_MAX_AGE_NS)
+
+
+def _file_identity(st: os.stat_result) -> str:
+    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
+def _record_sound(store: Path, st: os.stat_result, file: bool) -> None:
+    """Remember that the data file ``st`` is sound: for this process and its children (DataLoader workers,
+    ranks it launches), and in the verdict file for siblings and soon-started runs (``file``)."""
+    with _env_lock:
+        tokens = [t for t in os.environ.get(VERIFIED_ENV, "").split(",") if t]
+        token = f"{st.st_dev}:{st.st_ino}"
+        if token not in tokens:
+            os.environ[VERIFIED_ENV] = ",".join([*tokens[-7:], token])
+    if not file:
+        return
+    tmp = store / f".{RECORD_NAME}-{os.getpid()}-{threading.get_ident()}"
+    with contextlib.suppress(OSError):
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        try:
+            os.write(fd, f"{_file_identity(st)} {time.time_ns()}\n".encode())
+        finally:
+            os.close(fd)
+        os.replace(tmp, store / RECORD_NAME)
+
+
+def _forget_sound(st: os.stat_result | None) -> None:
+    """A data file discarded or cleared by this process: its inode may come back for another file."""
+    if st is None:
+        return
+    with _env_lock:
+        token = f"{st.st_dev}:{st.st_ino}"
+        tokens = [t for t in os.environ.get(VERIFIED_ENV, "").split(",") if t and t != token]
+        os.environ[VERIFIED_ENV] = ",".join(tokens)
+
+
+def refused_store_folder(path: Path) -> str | None:
+    """Why the store folder ``path`` (or its data or lock file) may not be used, or None.
+
+    The cache folder being private is not enough: the store folder could be a symlink to a folder
+    open to others, and a data file hard-linked to another file would have that file written through.
+    """
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return f"{path} is a symbolic link"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{path} is not a folder"
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return f"{path} is owned by another user (uid {st.st_uid})"
+    if st.st_mode & 0o022:
+        return f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+    for name in ("data.mdb", "lock.mdb"):
+        try:
+            fst = (path / name).lstat()
+        except FileNotFoundError:
+            continue
+        why = _refused_file(path / name, fst)
+        if why is not None:
+            return why
+    return None
+
+
+def _refused_file(p: Path, st: os.stat_result) -> str | None:
+    if stat.S_ISLNK(st.st_mode):
+        return f"{p} is a symbolic link"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{p} is not a regular file"
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return f"{p} is owned by another user (uid {st.st_uid})"
+    if st.st_nlink > 1:
+        return f"{p} has {st.st_nlink} links (another name would be written through)"
+    return None
+
+
+def _address_space() -> tuple[int, int] | None:
+    """(the address-space limit, what this process already maps), or None without a limit."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return None
+    used = 0
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                used = int(line.split()[1]) * 1024
+                break
+    return soft, used
+
+
+class _Gate:
+    """Many readers or one changer: gets and puts hold it shared while they touch memory in LMDB's map;
+    closing or re-mapping the environment (which unmaps it) holds it alone. A plain lock and condition,
+    so nothing relies on the GIL; the shared side takes only the lock (a hit pays about a microsecond)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._readers = 0
+        self._changing = False
+
+    def acquire_shared(self) -> None:
+        with self._lock:
+            while self._changing:
+                self._cond.wait()
+            self._readers += 1
+
+    def release_shared(self) -> None:
+        with self._lock:
+            self._readers -= 1
+            if self._changing and self._readers == 0:
+                self._cond.notify_all()  # the changer waiting for the last reader
+
+    @contextlib.contextmanager
+    def alone(self) -> Iterator[None]:
+        with self._lock:
+            while self._changing:
+                self._cond.wait()
+            self._changing = True
+            while self._readers:
+                self._cond.wait()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._changing = False
+                self._cond.notify_all()
+
+
+# --- the store ----------------------------------------------------------------------------------
 
 
 @dataclass
@@ -309,12 +757,21 @@ class CacheFigures:
     hit_px: int = 0
 
 
+_STRUCTURAL = ("InvalidError", "VersionMismatchError", "CorruptedError", "PageNotFoundError", "IncompatibleError",
+               "BadChecksumError")
+
+
 class Store:
     """One LMDB store of decoded images in a private folder, opened separately in every process.
 
     ``get`` returns a read-only view or None; ``put`` adds an entry unless the store is full, out of
     disk space or unwritable (then it stops adding, with one warning). Nothing here raises into the
     caller: a store that fails is switched off for the process, and the image is decoded as usual.
+
+    Threads: ``get``, ``put``, ``env``, ``accepting`` and ``close_for_fork`` may be called from several
+    threads at once. Opening is serialised by ``_open_lock``; ``put`` by ``_write_lock``; memory in
+    LMDB's map is only touched under ``_gate`` held shared, and the environment is only closed or
+    re-mapped with it held alone. Each thread keeps its own read transaction.
     """
 
     def __init__(self, folder: Path, cap: int, explicit: bool = True) -> None:
@@ -325,31 +782,60 @@ class Store:
         #: process maps the store at one size (LMDB keeps the largest, and makes the others re-map)
         self.explicit = explicit
         self.off: str | None = None  # why this process does not use the store
-        self.full = False  # the cap was reached: no more entries are added
+        self.full = False  # the cap (or the map an address-space limit allowed) was reached
         self.no_writes: str | None = None  # why this process adds no more entries
-        self._env: Any = None
-        self._pid: int | None = None
+        self._opened: tuple[int, Any] | None = None  # (pid, environment or None when off), set in one store
         self._txns: dict[int, Any] = {}  # thread -> its kept read transaction (aborted before a fork)
-        self._write_lock = threading.Lock()
         self._pixels = _StoreFile(self.path / "data.mdb")
+        self._reset_locks()
+
+    def _reset_locks(self) -> None:
+        self._open_lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._txns_lock = threading.Lock()
+        self._gate = _Gate()
+        self._pixels.reset_after_fork()
+
+    # the environment and the process it was opened in, as the tests and ``describe`` read them
+    @property
+    def _env(self) -> Any:
+        opened = self._opened
+        return opened[1] if opened is not None else None
+
+    @property
+    def _pid(self) -> int | None:
+        opened = self._opened
+        return opened[0] if opened is not None else None
 
     # -- opening
 
     def env(self) -> Any:
         """This process's LMDB environment, opened (and checked) on first use here; None when off."""
-        if self._pid == os.getpid():
-            return self._env
-        self._pid = os.getpid()
-        self._env, self._txns = None, {}
-        try:
-            self._env = self._open()
-        except StoreDamaged as exc:  # a rebuild failed too
-            self.off = str(exc)
-        if self._env is not None:
-            self._pixels.opened()
-        if self._env is None and self.off:
-            _warn_once(f"off:{self.folder}", f"decoded-image cache off for this run: {self.off}")
-        return self._env
+        opened = self._opened
+        if opened is not None and opened[0] == os.getpid():
+            return opened[1]
+        with self._open_lock:
+            opened = self._opened
+            if opened is not None and opened[0] == os.getpid():
+                return opened[1]
+            with self._txns_lock:
+                self._txns = {}
+            env = None
+            if self.off is None:
+                try:
+                    env = self._open()
+                except StoreDamaged as exc:  # a rebuild failed too
+                    self.off = str(exc)
+            if env is not None:
+                with self._gate.alone():  # the kept file descriptor is swapped: no view is being made
+                    self._pixels.opened()
+            self._opened = (os.getpid(), env)
+        if env is None and self.off:
+            kept = "; the run goes on uncached, and the store is left as it is" if self._kept else ""
+            _warn_once(f"off:{self.folder}", f"decoded-image cache off for this run: {self.off}{kept}")
+        return env
+
+    _kept = False  # the store was refused, not damaged: say that it is left as it is
 
     def _open(self) -> Any:
         try:
@@ -371,6 +857,9 @@ class Store:
                 if env is not None:
                     with contextlib.suppress(lmdb.Error):
                         env.reader_check()  # slots of readers that were killed
+        except StoreRefused as exc:
+            self.off, self._kept = str(exc), self.path.exists()
+            return None
         except OSError as exc:
             if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
                 self.off = f"{self.folder} is read-only ({exc.strerror})"
@@ -378,41 +867,153 @@ class Store:
                 self.off = f"no space left on the disk of {self.folder}"
             else:
                 self.off = f"cannot open the store in {self.folder}: {exc}"
+            self._kept = self.path.exists()
             return None
         return env
 
     def _open_checked(self, lmdb: Any) -> Any:
-        """Open the store (creating it if missing) and check it; :class:`StoreDamaged` if it is not sound."""
+        """Open the store (creating it if missing) and check it; :class:`StoreDamaged` if it is not sound,
+        :class:`StoreRefused` if it cannot be used now. Nothing of the store is read in this process
+        before the check says it is sound."""
+        why = refused_store_folder(self.path)
+        if why is not None:
+            raise StoreRefused(f"refused the store: {why}")
         new = not self.path.exists()
         if new:
+            free = _free_space(self.folder)
+            if free < CREATE_MIN_FREE:
+                raise StoreRefused(f"no space left on the disk of {self.folder} to create the store "
+                                   f"({human_bytes(free)} free)")
             self.path.mkdir(mode=0o700)
+            try:
+                self._prepare_files(new=True)
+            except BaseException:
+                shutil.rmtree(self.path, ignore_errors=True)  # a store that cannot be created is not created
+                raise
         else:
-            for name in ("data.mdb", "lock.mdb"):
-                try:
-                    st = (self.path / name).lstat()
-                except FileNotFoundError:
-                    continue
-                if not stat.S_ISREG(st.st_mode) or (hasattr(os, "getuid") and st.st_uid != os.getuid()):
-                    raise StoreDamaged(f"{self.path / name} is not a regular file of this user")
+            data_st = self._prepare_files(new=False)
+            if data_st is not None and not _recorded_sound(self.path, data_st):
+                verdict, why = check_store(self.path)
+                if verdict == "damaged":
+                    raise StoreDamaged(why or "damaged")
+                if verdict != "sound":
+                    raise StoreRefused(f"could not check the store: {why}")
+                _record_sound(self.path, data_st, file=True)
+        env = self._open_env(lmdb, self._map_size())
         try:
-            env = lmdb.open(str(self.path), map_size=self._map_size(), subdir=True, sync=False, metasync=False,
-                            readahead=False, max_readers=2048, max_spare_txns=0, mode=0o600)
-        except lmdb.Error as exc:
-            if "already open" in str(exc):  # by other code of this process: not damage, just not ours
-                raise OSError(errno.EBUSY, str(exc)) from exc
-            raise StoreDamaged(f"not an LMDB store ({type(exc).__name__}: {exc})") from exc
-        try:
-            self._check(lmdb, env, new)
-        except StoreDamaged:
-            env.close()  # nothing was read from it
+            env = self._check(lmdb, env, new)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                env.close()  # nothing was read from it
             raise
+        with contextlib.suppress(OSError):
+            _record_sound(self.path, (self.path / "data.mdb").stat(), file=False)  # made or checked here
         return env
+
+    def _prepare_files(self, new: bool) -> os.stat_result | None:
+        """Refuse a data or lock file that is not this user's own single-link regular file; allocate every
+        page of the lock file (LMDB writes it through a map) and any hole in the data file (on tmpfs even
+        reading a hole through a map needs a page). Returns the data file's status (None if it is missing).
+        """
+        data_st = None
+        for name in ("lock.mdb", "data.mdb"):
+            p = self.path / name
+            flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+            if name == "lock.mdb":
+                flags |= os.O_CREAT
+            try:
+                fd = os.open(p, flags, 0o600)
+            except FileNotFoundError:
+                continue  # no data file yet (a creation that stopped early): LMDB makes it
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    raise StoreRefused(f"refused the store: {p} is a symbolic link") from exc
+                if exc.errno in _REFUSAL_ERRNOS:
+                    raise _refusal(exc, p) from exc
+                raise
+            try:
+                st = os.fstat(fd)
+                why = _refused_file(p, st)
+                if why is not None:
+                    raise StoreRefused(f"refused the store: {why}")
+                try:
+                    if name == "lock.mdb":
+                        _allocate(fd, st, max(st.st_size, LOCK_BYTES), keep_size=False, path=p)
+                    else:
+                        _allocate(fd, st, st.st_size, keep_size=True, path=p)
+                        data_st = os.fstat(fd)
+                except OSError as exc:
+                    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                        raise StoreRefused(f"no space left on the disk of {self.folder} "
+                                           f"({'to create the store' if new else f'to back {p}'})") from exc
+                    if exc.errno in _REFUSAL_ERRNOS:
+                        raise _refusal(exc, p) from exc
+                    raise
+            finally:
+                os.close(fd)
+        return data_st
+
+    def _open_env(self, lmdb: Any, map_size: int) -> Any:
+        """``lmdb.open`` at ``map_size``; under an address-space limit that leaves too little room, at the
+        largest map that fits (the store is read, and filled up to that map) rather than not at all."""
+        try:
+            return self._lmdb_open(lmdb, map_size)
+        except StoreRefused as refused:
+            limit = _address_space()
+            if not getattr(refused, "enomem", False) or limit is None:
+                raise
+            soft, used = limit
+            data = store_bytes(self.folder)
+            # Half of what is left, less the process's own map of the data file: the program needs room too.
+            fits = (soft - used - data) // 2 // 4096 * 4096
+            if fits < data + MIN_CAP:
+                raise StoreRefused(self._enomem_message(soft, used)) from refused
+            env = self._lmdb_open(lmdb, fits)
+            _warn_once(f"smaller-map:{self.folder}", f"decoded-image cache: the address-space limit of "
+                       f"{human_bytes(soft)} (ulimit -v, RLIMIT_AS; {human_bytes(used)} in use) leaves no room "
+                       f"for a map of the cap, {human_bytes(map_size)}: the store is mapped at "
+                       f"{human_bytes(fits)} this run (read, and filled up to that)")
+            return env
+
+    def _enomem_message(self, soft: int, used: int) -> str:
+        return (f"cannot map the store: its cap of {human_bytes(self._map_size())} does not fit the address-space "
+                f"limit of {human_bytes(soft)} (ulimit -v, RLIMIT_AS; {human_bytes(used)} already in use) "
+                "(a smaller --cache-decoded=SIZE fits)")
+
+    def _lmdb_open(self, lmdb: Any, map_size: int) -> Any:
+        try:
+            return lmdb.open(str(self.path), map_size=map_size, subdir=True, sync=False, metasync=False,
+                             readahead=False, max_readers=MAX_READERS, max_spare_txns=0, mode=0o600)
+        except lmdb.Error as exc:
+            raise self._classify(exc) from exc
+
+    def _classify(self, exc: Exception) -> Exception:
+        """An LMDB error opening the store: :class:`StoreDamaged` only for structural damage; the rest
+        (ENOMEM, EACCES, EPERM, EROFS, ENOSPC, ...) mean "cannot use it now"."""
+        text = str(exc)
+        if "already open" in text:  # by other code of this process: not damage, just not ours
+            return OSError(errno.EBUSY, text)
+        if type(exc).__name__ in _STRUCTURAL:
+            return StoreDamaged(f"not an LMDB store ({type(exc).__name__}: {exc})")
+        enomem = type(exc).__name__ == "MemoryError" or os.strerror(errno.ENOMEM) in text
+        if enomem:
+            limit = _address_space()
+            refused = StoreRefused(self._enomem_message(*limit) if limit is not None else
+                                   f"cannot map the store: {text}")
+            refused.enomem = True  # type: ignore[attr-defined]
+            return refused
+        for code, why in _REFUSAL_ERRNOS.items():
+            if os.strerror(code) in text:
+                return StoreRefused(f"cannot use the store in {self.path}: {why}")
+        return StoreRefused(f"cannot open the store in {self.path} ({type(exc).__name__}: {exc})")
 
     def _map_size(self) -> int:
         page = 4096
         return max(MIN_CAP, self.cap // page * page)
 
-    def _check(self, lmdb: Any, env: Any, new: bool) -> None:
+    def _check(self, lmdb: Any, env: Any, new: bool) -> Any:
+        """The opened store's size, format and cap (after the open-time check, so reading it cannot fault).
+        Returns the environment to use: re-opened at the store's recorded cap when that is the one to use."""
         info, psize = env.info(), env.stat()["psize"]
         size = (self.path / "data.mdb").stat().st_size
         if size < (info["last_pgno"] + 1) * psize:
@@ -421,29 +1022,41 @@ class Store:
             with env.begin() as txn:
                 fmt, cap = txn.get(FORMAT_KEY), txn.get(CAP_KEY)
         except lmdb.Error as exc:
-            raise StoreDamaged(f"unreadable ({type(exc).__name__}: {exc})") from exc
+            if type(exc).__name__ in _STRUCTURAL:
+                raise StoreDamaged(f"unreadable ({type(exc).__name__}: {exc})") from exc
+            raise self._classify(exc) from exc
         if not new and fmt != FORMAT_VALUE:
             raise StoreDamaged("of an older or unknown format" if fmt is None else "of another format")
         recorded = int(cap) if cap is not None and cap.isdigit() else 0
         if recorded and not self.explicit and recorded != self._map_size():
+            # Re-opened rather than re-mapped: a failed re-map (ENOMEM) leaves LMDB without a map at all.
             self.cap = recorded
-            env.set_mapsize(self._map_size())
+            env.close()
+            env = self._open_env(lmdb, self._map_size())
         if new or recorded < self._map_size():
             try:
                 with env.begin(write=True) as txn:
                     txn.put(FORMAT_KEY, FORMAT_VALUE)
                     txn.put(CAP_KEY, str(max(recorded, self._map_size())).encode())
+            except lmdb.MapFullError:
+                pass  # mapped smaller than the cap (an address-space limit): the cap is recorded by a later run
             except lmdb.Error as exc:
-                raise OSError(errno.ENOSPC if _free_bytes(self.folder) < 16 * 1024**2 else errno.EIO,
+                raise OSError(errno.ENOSPC if _free_space(self.folder) < SPACE_RESERVE else errno.EIO,
                               f"cannot write to the store: {exc}") from exc
+        return env
 
     def _discard(self, why: str) -> None:
         """Move the damaged store aside, remove it, and say so once; a fresh one is made next."""
         aside = self.folder / f"{STORE_NAME}.discarded-{os.getpid()}-{time.time_ns()}"
         try:
+            st: os.stat_result | None = (self.path / "data.mdb").lstat()
+        except OSError:
+            st = None
+        try:
             os.rename(self.path, aside)
         except OSError as exc:
             raise StoreDamaged(f"the store was damaged ({why}) and could not be moved aside: {exc}") from exc
+        _forget_sound(st)
         shutil.rmtree(aside, ignore_errors=True)
         _warn_once(f"rebuilt:{self.folder}", f"the decoded-image cache in {self.path} was damaged ({why}): "
                                              "discarded, and a new one is being built")
@@ -457,14 +1070,36 @@ class Store:
             txn.abort()
             txn = None
         if txn is None:
-            txn = self._txns[me] = env.begin(buffers=True)
+            txn = env.begin(buffers=True)
+            with self._txns_lock:
+                self._txns[me] = txn
         return txn
 
     def get(self, material: bytes) -> np.ndarray | None:
         """The decoded image stored for ``material`` (a read-only array over the store), or None."""
-        env = self.env()
-        if env is None:
+        for _ in range(2):
+            env = self.env()
+            if env is None:
+                return None
+            self._gate.acquire_shared()
+            try:
+                if self._env is not env:  # closed or re-mapped by another thread meanwhile
+                    continue
+                a, problem = self._get(env, material)
+            finally:
+                self._gate.release_shared()
+            if problem is None:
+                return a
+            # what needs the environment alone, with this thread's hold on it let go first
+            if problem == "resized":
+                self._adopt_map_size(env)
+                continue
+            self._switch_off(problem.partition(":")[2])
             return None
+        return None
+
+    def _get(self, env: Any, material: bytes) -> tuple[np.ndarray | None, str | None]:
+        """The lookup, with the gate held shared: (the image or None, None) or (None, what went wrong)."""
         import lmdb
 
         key = _digest(material)
@@ -475,56 +1110,73 @@ class Store:
                 # have added the image since the snapshot began.
                 value = self._read_txn(env, fresh=fresh).get(key)
             except lmdb.MapResizedError:
-                self._adopt_map_size(env)
-                continue
+                return None, "resized"
             except lmdb.Error as exc:
-                self._switch_off(f"reading failed ({type(exc).__name__}: {exc})")
-                return None
+                return None, f"off:reading failed ({type(exc).__name__}: {exc})"
             if value is not None:
                 break
         if value is None:
-            return None
+            return None, None
+        # Before a byte of it is read: the whole value must lie inside the data file as it is now. A
+        # recorded size that runs past its end (damage) would raise SIGBUS on the first byte beyond.
+        start = self._pixels.locate(value) if len(value) else None
+        if start is not None and not self._pixels.holds(start + len(value)):
+            self._mark_damaged(env)
+            return None, "damaged:an entry points outside the data file: the store is damaged, and is rebuilt next run"
         entry = parse_entry(value, material)
         if entry is None:
             self._mark_damaged(env)
-            self._switch_off("an entry failed its check: the store is damaged, and is rebuilt next run")
-            return None
+            return None, "damaged:an entry failed its check: the store is damaged, and is rebuilt next run"
         offset, shape = entry
         length = int(np.prod(shape))
-        if len(value) > 4096:
+        if len(value) > 4096 and start is not None:
             # The value's own pages are never rewritten (entries are only added), so it can be read where
             # the file holds it, through this process's own map of the file, which outlives LMDB's.
-            a = self._pixels.view(value, offset, length)
+            a = self._pixels.view(start + offset, length)
             if a is not None:
-                return a.reshape(shape)
+                return a.reshape(shape), None
         # small values live inside B-tree pages, which later writes reuse: copied
-        return np.frombuffer(value, np.uint8, length, offset).reshape(shape).copy()
+        return np.frombuffer(value, np.uint8, length, offset).reshape(shape).copy(), None
 
     def _adopt_map_size(self, env: Any) -> None:
         """Another process mapped the store larger (a larger explicit cap): map it at that size too."""
         import lmdb
 
-        txn = self._txns.pop(threading.get_ident(), None)
-        if txn is not None:
-            txn.abort()
-        try:
-            env.set_mapsize(0)
-        except lmdb.Error as exc:  # another thread of this process is reading: give up on the store
-            self._switch_off(f"cannot re-map the store ({exc})")
+        failed = None
+        with self._gate.alone():
+            if self._env is not env:
+                return
+            self._abort_txns()
+            try:
+                env.set_mapsize(0)
+            except lmdb.Error as exc:  # ENOMEM under an address-space limit: LMDB is left without a map
+                failed = exc
+        if failed is not None:
+            self._switch_off(f"cannot re-map the store ({failed}); it is kept")
+
+    def _abort_txns(self) -> None:
+        with self._txns_lock:
+            txns, self._txns = self._txns, {}
+        for txn in txns.values():
+            with contextlib.suppress(Exception):
+                txn.abort()
 
     def close_for_fork(self) -> None:
         """Before a fork: end this process's transactions and close its environment (both sides reopen it
         when they next need it). LMDB must not be used across a fork, and py-lmdb refuses a second open
         of a store that a child inherited open. Views stay valid: they map the file, not LMDB."""
-        if self._pid != os.getpid() or self._env is None:
+        with self._open_lock:
+            self._close_locked()
+
+    def _close_locked(self) -> None:
+        opened = self._opened
+        if opened is None or opened[0] != os.getpid() or opened[1] is None:
             return
-        for txn in self._txns.values():
+        with self._gate.alone():
+            self._abort_txns()
             with contextlib.suppress(Exception):
-                txn.abort()
-        self._txns = {}
-        with contextlib.suppress(Exception):
-            self._env.close()
-        self._env, self._pid = None, None
+                opened[1].close()
+            self._opened = None
 
     # -- writing
 
@@ -534,33 +1186,57 @@ class Store:
         return not self.full and self.no_writes is None and self.off is None
 
     def put(self, material: bytes, a: np.ndarray) -> bool:
-        """Add the decoded image ``a`` under ``material``; False when nothing was added."""
-        if self.full or self.no_writes is not None:
-            return False
-        env = self.env()
-        if env is None:
-            return False
-        import lmdb
+        """Add the decoded image ``a`` under ``material``; False when nothing was added.
 
+        Not added either: an image of a file whose timestamps are too recent to tell a later rewrite
+        from this content (see :func:`key_material`): it is served, and cached on a later read.
+        """
+        if not self.accepting or isinstance(material, _RacyMaterial):
+            return False
         value = encode_entry(material, a)
         with self._write_lock:
             for _ in range(2):
-                try:
-                    with env.begin(write=True) as txn:
-                        return bool(txn.put(_digest(material), value, overwrite=False))
-                except lmdb.MapResizedError:
+                if not self.accepting:
+                    return False
+                env = self.env()
+                if env is None:
+                    return False
+                # Growth is written with pwrite (an error, not a fault, when the disk is full); the reserve
+                # keeps the cache from taking the disk's last bytes from everything else.
+                if _free_space(self.path) < len(value) + SPACE_RESERVE:
+                    self._stop_writes(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+                    return False
+                outcome = self._put(env, material, value)
+                if outcome == "resized":
                     self._adopt_map_size(env)
-                except lmdb.MapFullError:
-                    self.full = True
-                    return False
-                except lmdb.Error as exc:
-                    self._stop_writes(exc)
-                    return False
+                    continue
+                return outcome == "added"
         return False
+
+    def _put(self, env: Any, material: bytes, value: bytes) -> str:
+        import lmdb
+
+        self._gate.acquire_shared()
+        try:
+            if self._env is not env:
+                return "closed"
+            try:
+                with env.begin(write=True) as txn:
+                    return "added" if txn.put(_digest(material), value, overwrite=False) else "present"
+            except lmdb.MapResizedError:
+                return "resized"
+            except lmdb.MapFullError:
+                self.full = True
+                return "full"
+            except lmdb.Error as exc:
+                self._stop_writes(exc)
+                return "failed"
+        finally:
+            self._gate.release_shared()
 
     def _stop_writes(self, exc: Exception) -> None:
         # LMDB reports a full disk as an I/O error of the commit; the free space tells which it was.
-        if _free_bytes(self.folder) < 16 * 1024**2:
+        if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or _free_space(self.path) < SPACE_RESERVE:
             self.no_writes = f"no space left on the disk of {self.folder}"
         else:
             self.no_writes = f"writing failed ({type(exc).__name__}: {exc})"
@@ -568,9 +1244,10 @@ class Store:
                                              "adding no more images to the cache")
 
     def _switch_off(self, why: str) -> None:
-        self.off = why
-        self.close_for_fork()  # views map the file itself, not LMDB: closing leaves them valid
-        self._env, self._pid = None, os.getpid()
+        with self._open_lock:
+            self.off = why
+            self._close_locked()  # views map the file itself, not LMDB: closing leaves them valid
+            self._opened = (os.getpid(), None)
         _warn_once(f"off:{self.folder}", f"decoded-image cache off for the rest of this run: {why}")
 
     @staticmethod
@@ -581,31 +1258,64 @@ class Store:
             txn.put(FORMAT_KEY, b"damaged")
 
 
-
-
 # --- keys -------------------------------------------------------------------------------------
 
 
 _dir_realpaths: dict[str, str] = {}
 
 
+class _RacyMaterial(bytes):
+    """Key material of a file whose timestamps were not safely in the past when it was looked at: the
+    image is looked up and served, never added (see :func:`key_material`)."""
+
+
+#: A file system whose timestamps are whole seconds (ext4 with 128-byte inodes, many network file
+#: systems; FAT's are 2 s): a rewrite within this long of the last one may keep the same timestamps.
+COARSE_WINDOW_NS = 3 * 10**9
+#: Finer timestamps still come from the kernel's coarse clock (a tick of 1-10 ms): two of its ticks.
+_CLOCK_REALTIME_COARSE = getattr(time, "CLOCK_REALTIME_COARSE", 5)
+try:
+    FINE_WINDOW_NS = max(2 * 10**6, int(2 * time.clock_getres(_CLOCK_REALTIME_COARSE) * 1e9))
+except (OSError, AttributeError):  # pragma: no cover - not Linux
+    FINE_WINDOW_NS = 20 * 10**6
+#: The clock and ``stat`` the key reads (replaced in tests by a fake clock and one-second timestamps).
+_now_ns: Callable[[], int] = time.time_ns
+_stat: Callable[[str], os.stat_result] = os.stat
+
+
+def racy(st: os.stat_result, now_ns: int) -> bool:
+    """The file's modification or change time is within the file system's timestamp granularity of
+    ``now_ns`` (or after it): a rewrite could still come that keeps the size and both times, so a key made
+    from them could not tell the new content from this one (git's "racily clean" index entries).
+    Whole-second timestamps (both of them) are taken to mean a file system with one-second timestamps."""
+    newest = max(st.st_mtime_ns, st.st_ctime_ns)
+    coarse = st.st_mtime_ns % 10**9 == 0 and st.st_ctime_ns % 10**9 == 0
+    return now_ns - newest < (COARSE_WINDOW_NS if coarse else FINE_WINDOW_NS)
+
+
 def key_material(path: str | os.PathLike[str], mode: str = "RGB") -> bytes | None:
     """The cache key material of ``path`` decoded to ``mode``, or None if the file cannot be stat'ed.
 
     The folder's resolved path is remembered per process (folders are few; files may be millions);
-    the file's own device, inode, size and times come from a ``stat`` on every call.
+    the file's own device, inode, size and times come from a ``stat`` on every call. A file whose times
+    are too recent (:func:`racy`) gets material that :meth:`Store.put` declines. The clock is read
+    before the ``stat``: the content read afterwards is then at least as new as what the times say.
     """
     p = os.fspath(path)
+    now = _now_ns()
     try:
-        st = os.stat(p)
+        st = _stat(p)
     except OSError:
         return None
     head, name = os.path.split(p)
     real = _dir_realpaths.get(head)
     if real is None:
-        real = _dir_realpaths[head] = os.path.realpath(head or ".")
-    return (f"{_identity()}\0{mode}\0{real}{os.sep}{name}\0{st.st_dev}:{st.st_ino}:{st.st_size}:"
-            f"{st.st_mtime_ns}:{st.st_ctime_ns}").encode("utf-8", "surrogateescape")
+        real = os.path.realpath(head or ".")
+        with _lock:
+            _dir_realpaths[head] = real
+    material = (f"{_identity()}\0{mode}\0{real}{os.sep}{name}\0{st.st_dev}:{st.st_ino}:{st.st_size}:"
+                f"{st.st_mtime_ns}:{st.st_ctime_ns}").encode("utf-8", "surrogateescape")
+    return _RacyMaterial(material) if racy(st, now) else material
 
 
 _identity_text: str | None = None
@@ -848,11 +1558,29 @@ def human_bytes(n: float) -> str:
 
 
 def _before_fork() -> None:
+    # Each store's opening lock is held across the fork, so that no thread opens an environment between
+    # this close and the fork (the child would inherit it open); the child gets fresh locks, since a
+    # lock another thread held at the fork would stay held forever there.
     for store in list(_stores.values()):
-        store.close_for_fork()
+        store._open_lock.acquire()
+        store._close_locked()
 
 
-os.register_at_fork(before=_before_fork)
+def _after_fork_in_parent() -> None:
+    for store in list(_stores.values()):
+        with contextlib.suppress(RuntimeError):
+            store._open_lock.release()
+
+
+def _after_fork_in_child() -> None:
+    global _lock, _env_lock, _figures_lock
+    _lock, _env_lock, _figures_lock = threading.Lock(), threading.Lock(), threading.Lock()
+    for store in list(_stores.values()):
+        store._reset_locks()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                    after_in_child=_after_fork_in_child)
 
 
 # --- listing and clearing (``nano-patch cache``) -------------------------------------------------------
@@ -884,11 +1612,33 @@ def describe(folder: Path) -> dict[str, Any]:
         why = check_directory(folder, create=False)
     except OSError as exc:
         why = str(exc)
+    if why is None:
+        why = refused_store_folder(path)
     if why is not None:
         row["state"] = f"refused: {why}"
         return row
     mine = _stores.get(os.path.abspath(os.fspath(folder)))
     env = mine._env if mine is not None and mine._pid == os.getpid() else None
+    if env is None:
+        # The same check as a run makes before its first read, in a child process: a listing must not
+        # fault on a damaged store either (nor call it [ok]).
+        try:
+            data_st = (path / "data.mdb").stat()
+        except OSError:
+            data_st = None
+        if data_st is not None and not _recorded_sound(path, data_st):
+            try:  # the child uses the lock file: its pages must be backed first (this changes no byte)
+                Store(folder, MIN_CAP)._prepare_files(new=False)
+            except (StoreRefused, OSError) as exc:
+                row["state"] = f"not checked ({exc}); left as it is"
+                return row
+            verdict, why = check_store(path)
+            if verdict == "damaged":
+                row["state"] = f"damaged ({why}); rebuilt on next use"
+                return row
+            if verdict != "sound":
+                row["state"] = f"not checked ({why}); left as it is"
+                return row
     try:
         import lmdb
 
@@ -898,7 +1648,10 @@ def describe(folder: Path) -> dict[str, Any]:
         else:
             close = None  # this process's own store: read it, leave it open
     except Exception as exc:  # noqa: BLE001 - a listing never fails
-        row["state"] = f"damaged ({type(exc).__name__}); rebuilt on next use"
+        if type(exc).__name__ in _STRUCTURAL:
+            row["state"] = f"damaged ({type(exc).__name__}); rebuilt on next use"
+        else:
+            row["state"] = f"cannot be read now ({type(exc).__name__}: {exc}); left as it is"
         return row
     try:
         info, st = env.info(), env.stat()
@@ -925,8 +1678,16 @@ def clear(folder: Path) -> str | None:
     if why is not None:
         raise PermissionError(f"not clearing {path}: {why}")
     aside = folder / f"{STORE_NAME}.cleared-{os.getpid()}-{time.time_ns()}"
+    try:
+        st: os.stat_result | None = (path / "data.mdb").lstat()
+    except OSError:
+        st = None
     os.rename(path, aside)
-    shutil.rmtree(aside, ignore_errors=True)
+    _forget_sound(st)
+    if aside.is_symlink():  # a refused store folder that is a link: remove the link, not what it points to
+        aside.unlink()
+    else:
+        shutil.rmtree(aside, ignore_errors=True)
     for leftover in folder.glob(f"{STORE_NAME}.*"):  # stores a crashed rebuild left behind
         shutil.rmtree(leftover, ignore_errors=True)
     return str(path)
@@ -935,26 +1696,32 @@ def clear(folder: Path) -> str | None:
 # --- figures for the run report -----------------------------------------------------------------
 
 
+#: The figures are read-modify-writes: threads loading at once would lose counts without it.
+_figures_lock = threading.Lock()
+
+
 def count_hit(a: np.ndarray) -> None:
     stats = report.stats
     if stats is not None:
         c = stats.cache
-        c["hits"] += 1
-        c["hit_bytes"] += a.nbytes
-        c["hit_px"] += a.shape[0] * a.shape[1]
+        with _figures_lock:
+            c["hits"] += 1
+            c["hit_bytes"] += a.nbytes
+            c["hit_px"] += a.shape[0] * a.shape[1]
 
 
 def count_miss(a: np.ndarray | None, seconds: float, stored: bool) -> None:
     stats = report.stats
     if stats is not None:
         c = stats.cache
-        c["misses"] += 1
-        if a is not None:
-            c["decode_s"] += seconds
-            c["decode_px"] += a.shape[0] * a.shape[1]
-            if stored:
-                c["stored"] += 1
-                c["stored_bytes"] += a.nbytes
+        with _figures_lock:
+            c["misses"] += 1
+            if a is not None:
+                c["decode_s"] += seconds
+                c["decode_px"] += a.shape[0] * a.shape[1]
+                if stored:
+                    c["stored"] += 1
+                    c["stored_bytes"] += a.nbytes
 
 
 def timed(fn: Callable[[], np.ndarray]) -> tuple[np.ndarray, float]:
