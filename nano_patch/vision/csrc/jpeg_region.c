@@ -277,7 +277,8 @@ static PyObject *py_decode_region(PyObject *self, PyObject *args, PyObject *kwar
             rc = FAIL_PYTHON;
         } else {
             /* nobody else holds `out` yet, so writing into it without the GIL is safe */
-            j->pixels = (unsigned char *)PyByteArray_AS_STRING(out);
+            /* the function, not the macro: the macro is not in the stable ABI the wheels are built for */
+            j->pixels = (unsigned char *)PyByteArray_AsString(out);
             Py_BEGIN_ALLOW_THREADS
             rc = read_region(j);
             Py_END_ALLOW_THREADS

@@ -12,17 +12,31 @@
 
 #include "native.h"
 
+#if NANO_X86
+#include <cpuid.h>
+#endif
+
 static int best_isa = NANO_ISA_GENERIC;
 static int current_isa = NANO_ISA_GENERIC;
 static const char *isa_names[] = {"generic", "avx2", "avx512"};
 
+/* CPUID and XGETBV read directly rather than through __builtin_cpu_supports: that builtin needs the
+ * compiler's runtime (libgcc, compiler-rt) to fill in __cpu_model, and some toolchains ship a stub there
+ * (zig 0.17's, which the release wheels are built with, reports no feature at all). The tests are GCC's:
+ * the CPU has the instructions, and the OS saves their registers (XCR0: SSE+AVX, then opmask+ZMM). */
 static int detect_isa(void) {
 #if NANO_X86
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
+    unsigned int a, b, c, d, xcr0_lo, xcr0_hi;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE) || !(c & bit_AVX))
+        return NANO_ISA_GENERIC;
+    __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    if ((xcr0_lo & 0x6) != 0x6 || __get_cpuid_max(0, NULL) < 7)
+        return NANO_ISA_GENERIC;
+    __cpuid_count(7, 0, a, b, c, d);
+    if ((xcr0_lo & 0xe6) == 0xe6 && (b & bit_AVX512F) && (b & bit_AVX512BW) && (b & bit_AVX512VL) &&
+        (c & bit_AVX512VNNI))
         return NANO_ISA_AVX512;
-    if (__builtin_cpu_supports("avx2"))
+    if (b & bit_AVX2)
         return NANO_ISA_AVX2;
 #endif
     return NANO_ISA_GENERIC;
