@@ -58,8 +58,14 @@ _READ = textwrap.dedent("""
             a = decode.decode_rgb(f) if a is None else a
             equal += bool(np.array_equal(a, np.asarray(Image.open(f).convert("RGB"))))
     data = Path(cache_dir) / cache.STORE_NAME / "data.mdb"
+    digest = None
+    if data.exists():  # in chunks: under an address-space limit the whole file may not fit in memory
+        digest = __import__("hashlib").sha1()
+        with open(data, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
     print(json.dumps({"hits": hits, "equal": equal, "n": 2 * len(files), "store": data.parent.exists(),
-                      "data": data.exists() and __import__("hashlib").sha1(data.read_bytes()).hexdigest()}))
+                      "data": digest is not None and digest.hexdigest()}))
 """)
 
 #: Fill a store with the files (and ``extra`` small synthetic entries, for a B-tree with branch pages).
@@ -364,12 +370,19 @@ def test_an_address_space_limit_too_tight_for_any_map_keeps_the_store(tmp_path, 
     the limit, and the store left byte for byte."""
     cap = str(20 * 1000**3)
     store = _fill(tmp_path / "cache", files, cap=cap)
+    # 48 MB more of entries: the store needs a map of at least that, so a margin of 48 MB over what the reader
+    # maps before it opens the store is too little for any map (half the room would be needed to fit the file),
+    # while it leaves the reader room for its decodes, whatever else the environment maps (a venv, BLAS threads).
+    pad = ("import sys, numpy as np; from pathlib import Path; from nano_patch.vision import cache; "
+           "s = cache.open_store(Path(sys.argv[1]), int(sys.argv[2])); "
+           "[s.put(b'pad %d' % i, np.full((512, 1024, 3), i, np.uint8)) for i in range(32)]; s.close_for_fork()")
+    subprocess.run([sys.executable, "-c", pad, str(tmp_path / "cache"), cap], env=_env(), check=True, timeout=300)
     before = _digest(store / "data.mdb")
-    # What the reader maps before it opens the store, plus a little: no room for a map of the store.
-    code = ("import numpy, PIL.Image; from nano_patch.vision import loading; "
+    assert (store / "data.mdb").stat().st_size > 48 * 1024**2
+    code = ("import numpy, PIL.Image, lmdb; from nano_patch.vision import loading; "
             "print(next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmSize')))")
     probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), check=True)
-    limit = int(probe.stdout) * 1024 + 12 * 1024**2
+    limit = int(probe.stdout) * 1024 + 48 * 1024**2
     prefix = [sys.executable, "-c", "import resource, os, sys; "
               f"resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit})); os.execv(sys.argv[1], sys.argv[1:])"]
     out, lines = _read(tmp_path / "cache", files, cap=cap, prefix=prefix)
