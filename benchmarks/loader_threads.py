@@ -14,6 +14,10 @@ cache, and the decoded-image cache where it is on). Rounds are interleaved, medi
 - memory: resident memory summed over the loader's processes (RSS and PSS); first batch: seconds from
   ``iter(loader)`` to the first batch of the first epoch, in a fresh process.
 
+The patched configurations run torch's own ops (collation) on one thread (``torch.set_num_threads(1)``, as in a
+DataLoader worker): two processes with two OpenMP threads each on two cores oversubscribe and spin, which
+measured the processes 3-5x below one process and says nothing about loading. Stock keeps its defaults.
+
 Results: ``benchmarks/results/loader_threads.{json,png}``.
 
     python benchmarks/loader_threads.py [--per-class 96] [--epochs 2] [--rounds 3] [--quick]
@@ -42,6 +46,8 @@ if cfg["side"] == "patched":
     nano_patch.patch_torch(loader_threads=cfg["threads"], cache_decoded="on" if cfg["cache"] == "warm" else "off",
                            cache_dir=cfg["cache_dir"])
 import psutil, torch
+if cfg.get("torch_threads"):
+    torch.set_num_threads(cfg["torch_threads"])
 import torchvision.transforms as T
 from torchvision.datasets import ImageFolder
 from torch.utils.data import DataLoader
@@ -162,13 +168,14 @@ def main() -> None:
                     cache_dir = str(tmp / f"cache-{pipeline}")
                     for batch in batches:
                         base = {"side": "patched", "root": root, "pipeline": pipeline, "batch": batch,
-                                "cache": cache, "cache_dir": cache_dir, "epochs": args.epochs, "workers": 0}
+                                "cache": cache, "cache_dir": cache_dir, "epochs": args.epochs, "workers": 0,
+                                "torch_threads": 1}
                         key = f"{pipeline} | cache {cache} | batch {batch}"
                         add(f"{key} | 1 thread", run({**base, "threads": 1}))
                         add(f"{key} | 2 threads", run({**base, "threads": 2}))
                         add(f"{key} | 2 processes", run_two({**base, "threads": 1}, tmp, f"{rnd}-{key}"))
                         if pipeline == "pets" and cache == "off":
-                            stock = {**base, "side": "stock", "threads": 1}
+                            stock = {**base, "side": "stock", "threads": 1, "torch_threads": None}
                             add(f"pets | stock | batch {batch} | 0 workers", run(stock))
                             add(f"pets | stock | batch {batch} | 2 workers", run({**stock, "workers": 2}))
         for key, rs in runs.items():

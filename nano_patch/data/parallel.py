@@ -88,17 +88,42 @@ def threads() -> int:
 
 
 def map_in_order(fn: Callable[[T], R], items: Iterable[T], n_threads: int) -> list[R]:
-    """``[fn(x) for x in items]`` on ``n_threads`` threads; the first exception in item order is raised, after
-    every item finished (so that nothing runs on once the caller carries on)."""
+    """``[fn(x) for x in items]`` on ``n_threads`` threads, the calling thread one of them; the first exception in
+    item order is raised, after every item finished (so that nothing runs on once the caller carries on).
+
+    Each thread takes the next item under a lock until none is left: one task per thread, not one per item
+    (a future per item cost more than a cache hit's render, measured 0.64x one thread on warm-cache batches),
+    and still balanced when items differ in cost (decodes of different sizes).
+    """
     items = list(items)
     if n_threads <= 1 or len(items) <= 1:
         return [fn(x) for x in items]
-    futures = [_executor(n_threads).submit(fn, x) for x in items]
-    errors = [f.exception() for f in futures]  # waits for all
+    results: list[Any] = [None] * len(items)
+    errors: list[BaseException | None] = [None] * len(items)
+    taken = [0]
+    lock = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                i = taken[0]
+                taken[0] = i + 1
+            if i >= len(items):
+                return
+            try:
+                results[i] = fn(items[i])
+            except BaseException as exc:  # noqa: BLE001 - raised below, in item order
+                errors[i] = exc
+
+    executor = _executor(n_threads - 1)
+    helpers = [executor.submit(work) for _ in range(min(n_threads, len(items)) - 1)]
+    work()
+    for helper in helpers:
+        helper.result()
     for error in errors:
         if error is not None:
             raise error
-    return [f.result() for f in futures]
+    return results
 
 
 def _executor(n_threads: int) -> ThreadPoolExecutor:
