@@ -133,13 +133,13 @@ def _chart(result: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from vision import grouped_bars  # benchmarks/vision.py, beside this script
 
     names = list(result["rows"])
     fig, ax = plt.subplots(figsize=(9, 4))
-    xs = range(len(names))
-    ax.bar([x - 0.2 for x in xs], [result["rows"][n]["threads_scaling"] for n in names], 0.4, label="2 threads")
-    ax.bar([x + 0.2 for x in xs], [result["rows"][n]["processes_scaling"] for n in names], 0.4, label="2 processes")
-    ax.set_xticks(list(xs))
+    series = {"2 threads": "threads_scaling", "2 processes": "processes_scaling"}
+    ticks = grouped_bars(ax, names, list(series), lambda n, c: result["rows"][n][series[c]])
+    ax.set_xticks(ticks)
     ax.set_xticklabels(names, rotation=30, ha="right", fontsize=7)
     ax.set_ylabel("speed-up over one thread")
     ax.set_title(f"Decoders and kernels on two threads vs two processes\n{result['machine']}", fontsize=9)

@@ -118,16 +118,14 @@ def chart(result: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from vision import grouped_bars  # benchmarks/vision.py, beside this script
 
     rows = result["scaling"]
     labels = list(rows)
     fig, ax = plt.subplots(figsize=(10, 4.2))
-    width = 0.4
-    xs = range(len(labels))
-    ax.bar([x - width / 2 for x in xs], [rows[k]["threads_scaling"] for k in labels], width, label="2 threads / 1")
-    ax.bar([x + width / 2 for x in xs], [rows[k]["processes_scaling"] for k in labels], width,
-           label="2 processes / 1")
-    ax.set_xticks(list(xs))
+    series = {"2 threads / 1": "threads_scaling", "2 processes / 1": "processes_scaling"}
+    ticks = grouped_bars(ax, labels, list(series), lambda k, c: rows[k][series[c]])
+    ax.set_xticks(ticks)
     ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=7)
     ax.set_ylabel("speed-up over one (median)")
     ax.set_title(f"Loader threads against independent processes\n{result['machine']}", fontsize=9)

@@ -56,6 +56,9 @@ class Pixels:
 
     def __init__(self, base: np.ndarray, info: dict[Any, Any] | None = None) -> None:
         self.base = base
+        self._nothing_pending(info)
+
+    def _nothing_pending(self, info: dict[Any, Any] | None = None) -> None:
         self.resize: tuple[int, int, int] | None = None
         self.window: tuple[int, int, int, int] | None = None
         self.flip = False
@@ -186,10 +189,7 @@ class JpegPixels(Pixels):
 
     def __init__(self, data: bytes, shape: tuple[int, int], path: Any) -> None:
         self.data, self.shape, self.path = data, shape, path
-        self.resize = self.window = None
-        self.flip = False
-        self.info = {}
-        self.owned = False
+        self._nothing_pending()
 
     @property  # type: ignore[override]
     def base(self) -> np.ndarray:
@@ -273,10 +273,7 @@ class Recording(Pixels):
     def __init__(self, hw: tuple[int, int], mode: str = "RGB") -> None:
         self.ops: list[tuple[str, tuple[Any, ...]]] = []
         self._hw, self._mode = hw, mode
-        self.resize = self.window = None
-        self.flip = False
-        self.info = {}
-        self.owned = False
+        self._nothing_pending()
 
     @property  # type: ignore[override]
     def base(self) -> np.ndarray:
