@@ -148,6 +148,11 @@ def test_ranks_workers_draw_lightnings_streams_as_on_stock(monkeypatch):
     from lightning.fabric.utilities.data import _auto_add_worker_init_fn
     from lightning.fabric.utilities.seed import seed_everything
 
+    # seed_everything writes PL_GLOBAL_SEED and PL_SEED_WORKERS into os.environ: set here through monkeypatch so
+    # that they are put back afterwards, or every later Lightning run this process starts would reseed its ranks
+    monkeypatch.setenv("PL_GLOBAL_SEED", "7")
+    monkeypatch.setenv("PL_SEED_WORKERS", "1")
+
     def draws(rank):
         seed_everything(7, workers=True, verbose=False)
         loader = DataLoader(SeedProbe(), batch_size=2, num_workers=2)
