@@ -326,7 +326,7 @@ def test_lightning_reinjects_its_sampler_into_patched_loaders_on_two_ranks(tmp_p
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     for r in (r0, r1):
         assert r["sampler"] == "DistributedSampler"
-        assert (r["worker_init"], r["persistent"], r["num_workers"]) == ("function", False, 1)  # as the user left it
+        assert (r["worker_init"], r["persistent"], r["num_workers"]) == ("function", True, 1)  # as the user gave them
         assert r["user_init_kept"]
         assert len(r["seen"]) == 40  # 20 samples a rank, 2 epochs
         worker = json.loads((tmp_path / f"worker_of_{r['pid']}.json").read_text())

@@ -53,7 +53,8 @@ def test_pets_finetune(tmp_path, photo_folder, patched):
 
 def test_nano_raw_loop(tmp_path):
     proc = _run(tmp_path, str(EXAMPLES / "nano_raw_loop.py"), "--epochs", "1")
-    assert re.search(r"^@nano: \d+ samples/s per process, test accuracy [01]\.\d{3}$", proc.stdout, re.M), proc.stdout
+    # two ranks print at once: their lines may run together, so no anchors
+    assert re.search(r"@nano: \d+ samples/s per process, test accuracy [01]\.\d{3}", proc.stdout), proc.stdout
 
 
 def test_compile_module(tmp_path):

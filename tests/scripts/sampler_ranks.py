@@ -57,7 +57,8 @@ def mark_worker(worker_id):
 
 
 if __name__ == "__main__":
-    loader = DataLoader(Indexed(), batch_size=5, shuffle=True, num_workers=1, worker_init_fn=mark_worker)
+    loader = DataLoader(Indexed(), batch_size=5, shuffle=True, num_workers=1, worker_init_fn=mark_worker,
+                        persistent_workers=True)
     trainer = pl.Trainer(max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(Model(), loader)
