@@ -168,12 +168,18 @@ def check_directory(path: Path, create: bool = True) -> str | None:
         st = path.stat()  # the folder a symlink points to is the one that must be private
     except FileNotFoundError:
         return f"{path} does not exist"
+    problem = _not_private(path, st)
+    return None if problem is None else f"{problem}; make it 0700" if "writable" in problem else problem
+
+
+def _not_private(path: Path, st: os.stat_result) -> str | None:
+    """Why a folder with this ``stat`` is not this user's private folder, or None."""
     if not stat.S_ISDIR(st.st_mode):
         return f"{path} is not a folder"
     if hasattr(os, "getuid") and st.st_uid != os.getuid():
         return f"{path} is owned by another user (uid {st.st_uid})"
     if st.st_mode & 0o022:
-        return f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}); make it 0700"
+        return f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
     return None
 
 
@@ -655,12 +661,9 @@ def refused_store_folder(path: Path) -> str | None:
         return None
     if stat.S_ISLNK(st.st_mode):
         return f"{path} is a symbolic link"
-    if not stat.S_ISDIR(st.st_mode):
-        return f"{path} is not a folder"
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        return f"{path} is owned by another user (uid {st.st_uid})"
-    if st.st_mode & 0o022:
-        return f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+    problem = _not_private(path, st)
+    if problem is not None:
+        return problem
     for name in ("data.mdb", "lock.mdb"):
         try:
             fst = (path / name).lstat()
