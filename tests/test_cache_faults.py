@@ -498,10 +498,10 @@ def test_the_racy_rule_with_a_fake_clock(tmp_path, files, monkeypatch):
     a, b = _same_size_pair(tmp_path, files)
     f = tmp_path / "x.jpg"
     f.write_bytes(a.read_bytes())
-    monkeypatch.setattr(cache, "_stat", lambda p: _Coarse(os.stat(p)))
+    monkeypatch.setattr(cache.keys, "_stat", lambda p: _Coarse(os.stat(p)))
     second = os.stat(f).st_mtime_ns // 10**9 * 10**9
     now = [second + 400 * 10**6]
-    monkeypatch.setattr(cache, "_now_ns", lambda: now[0])
+    monkeypatch.setattr(cache.keys, "_now_ns", lambda: now[0])
     store = cache.Store(tmp_path / "cache", 64 * 1024**2)
     want_a = np.asarray(Image.open(a).convert("RGB"))
     assert np.array_equal(loading.cached(store, f), want_a)
@@ -515,7 +515,7 @@ def test_the_racy_rule_with_a_fake_clock(tmp_path, files, monkeypatch):
     assert np.array_equal(loading.cached(store, f), np.asarray(Image.open(b).convert("RGB")))
     assert store.get(cache.key_material(f)) is not None  # added
     # fine timestamps: the window is two ticks of the kernel's coarse clock
-    monkeypatch.setattr(cache, "_stat", os.stat)
+    monkeypatch.setattr(cache.keys, "_stat", os.stat)
     st = os.stat(f)
     assert cache.racy(st, max(st.st_mtime_ns, st.st_ctime_ns) + cache.FINE_WINDOW_NS - 1)
     assert not cache.racy(st, max(st.st_mtime_ns, st.st_ctime_ns) + cache.FINE_WINDOW_NS)
@@ -567,12 +567,12 @@ _FORKS = textwrap.dedent("""
     from pathlib import Path
     from nano_patch.vision import cache
     log, cache_dir, files = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
-    real = cache.check_store
+    real = cache.verify.check_store
     def logged(*a, **k):
         with open(log, "a") as f:
             f.write(f"{os.getpid()}\\n")
         return real(*a, **k)
-    cache.check_store = logged
+    cache.verify.check_store = logged
     store = cache.open_store(cache_dir)
     assert all(store.get(cache.key_material(f)) is not None for f in files)
     pids = []
@@ -610,9 +610,11 @@ def test_a_check_killed_by_another_signal_keeps_the_store(tmp_path, files, monke
     """Only a fault (SIGBUS, SIGSEGV, SIGABRT...) of the checking child means damage: one killed by SIGKILL
     (the OOM killer, say) proves nothing, and the store is kept."""
     store = _fill(tmp_path / "cache", files)
-    monkeypatch.setattr(cache, "_check_code", lambda: "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    for sig in ("SIGKILL", "SIGBUS"):
+        (tmp_path / f"{sig}.py").write_text(f"import os, signal; os.kill(os.getpid(), signal.{sig})\n")
+    monkeypatch.setattr(cache.verify, "CHILD_SCRIPT", str(tmp_path / "SIGKILL.py"))
     assert cache.check_store(store)[0] == "unchecked"
-    monkeypatch.setattr(cache, "_check_code", lambda: "import os, signal; os.kill(os.getpid(), signal.SIGBUS)")
+    monkeypatch.setattr(cache.verify, "CHILD_SCRIPT", str(tmp_path / "SIGBUS.py"))
     assert cache.check_store(store) == ("damaged", "reading it raised SIGBUS")
     monkeypatch.undo()
     assert cache.check_store(store) == ("sound", "")
