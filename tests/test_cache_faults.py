@@ -4,8 +4,9 @@ file with two names.
 
 Every run here is a child process, and every one must exit 0 (a child that dies of a signal fails the
 test) with every image equal to stock's decode (``Image.open(p).convert("RGB")``, what torchvision's
-``pil_loader`` gives), and with no healthy store deleted. The tests marked SIGBUS-class died of a signal
-on the code before these checks (run them with PYTHONPATH at an older checkout to see it).
+``pil_loader`` gives), and with no healthy store deleted. Many of these faults end in SIGBUS inside the
+process when a mapped file's page cannot be read or backed; a test that checks a child's exit status
+catches that.
 
 Full disks use a small tmpfs, or a loop-mounted ext4 image, in a private mount namespace (``unshare``)
 where the machine allows it, and are skipped with the reason where it does not; a file-size limit
@@ -176,8 +177,9 @@ _FILL_DISK = "head -c 1G /dev/zero > {fs}/filler 2>/dev/null || true;"
 
 
 def test_full_tmpfs_at_creation(tmp_path, files):
-    """SIGBUS-class: LMDB writes its lock file through a map; on a full tmpfs that raised SIGBUS inside
-    ``lmdb.open``. Now: no store is created, one warning, the run goes on uncached."""
+    """A full tmpfs when the store would be created (LMDB writes its lock file through a map, so an unbacked
+    page would be a SIGBUS inside ``lmdb.open``): the reader exits 0 with stock's pixels, no store is
+    created, and one warning says "no space"."""
     fs = tmp_path / "fs"
     fs.mkdir()
     why = _can_mount_tmpfs(fs)
@@ -190,8 +192,9 @@ def test_full_tmpfs_at_creation(tmp_path, files):
 
 
 def test_full_ext4_at_creation(tmp_path, files):
-    """SIGBUS-class: the same on ext4 (a loop-mounted image with 4 kB blocks, filled to its last two blocks: the
-    cache and store folders take them, and the lock file's pages cannot be backed)."""
+    """The same on ext4 (a loop-mounted image with 4 kB blocks, filled to its last two blocks: the cache and
+    store folders take them, and the lock file's pages cannot be backed): exit 0, stock's pixels, no store,
+    one "no space" warning."""
     img = _ext4_image(tmp_path, 16)
     fs = tmp_path / "fs"
     prefix = _in_fs(f"mount -o loop {img} {fs}",
@@ -203,7 +206,8 @@ def test_full_ext4_at_creation(tmp_path, files):
 
 def test_a_file_size_limit_at_creation(tmp_path, files):
     """Runs everywhere: a file-size limit below the lock file's size (RLIMIT_FSIZE, SIGXFSZ ignored) stands
-    in for a disk that cannot take the store: not created, one warning, uncached."""
+    in for a disk that cannot take the store: exit 0, stock's pixels, no store created, one warning naming
+    the file-size limit."""
     limit = 32 * 1024
     prefix = [sys.executable, "-c", "import resource, signal, os, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
               f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit})); os.execv(sys.argv[1], sys.argv[1:])"]
@@ -213,8 +217,9 @@ def test_a_file_size_limit_at_creation(tmp_path, files):
 
 
 def test_full_tmpfs_after_creation_with_the_lock_file_gone(tmp_path, files):
-    """SIGBUS-class: a store exists, its lock file is gone (LMDB makes a new one), the disk is full: LMDB's
-    new lock file could not be backed (SIGBUS). Now: one warning, uncached, the store kept as it was."""
+    """A store exists, its lock file is gone (LMDB would make a new one) and the disk is full, so the new lock
+    file's pages cannot be backed: exit 0, stock's pixels, one "no space" warning, and the data file kept
+    byte for byte."""
     fs = tmp_path / "fs"
     fs.mkdir()
     why = _can_mount_tmpfs(fs)
@@ -273,8 +278,9 @@ def _change_value_size(store: Path, how: str) -> None:
 
 @pytest.mark.parametrize("how", ["past the end", "huge"])
 def test_a_changed_value_size_is_damage_found_before_the_first_read(tmp_path, files, how):
-    """SIGBUS-class: one value's recorded size in a leaf page changed: every run died of SIGBUS. Now the
-    first run finds it before reading (one warning), rebuilds, and the next run hits."""
+    """One value's recorded size in a leaf page changed (past the end of the file, or huge): the first run
+    exits 0 with stock's pixels and one warning that the store was damaged and is rebuilt; the next run
+    gives no warning and hits every image."""
     store = _fill(tmp_path / "cache", files)
     _change_value_size(store, how)
     out, lines = _read(tmp_path / "cache", files)
@@ -284,7 +290,8 @@ def test_a_changed_value_size_is_damage_found_before_the_first_read(tmp_path, fi
 
 
 def test_nano_patch_cache_lists_a_damaged_store_as_damaged(tmp_path, files):
-    """The listing makes the same check (it listed this store as [ok]), and leaves the store as it is."""
+    """``nano-patch cache`` lists a store with a value running past the end of its file as damaged (not
+    [ok]), from the same check a run makes, and leaves its data file byte for byte."""
     store = _fill(tmp_path / "cache", files)
     _change_value_size(store, "past the end")
     before = _digest(store / "data.mdb")
@@ -324,8 +331,8 @@ def test_random_damage_to_b_tree_pages(tmp_path, files):
 
 
 def test_random_damage_to_value_sizes_in_leaf_pages(tmp_path, files):
-    """SIGBUS-class: 12 runs, each on a copy of one store where one random leaf node of an image has a random
-    value size (what LMDB does not check, and what faulted: a value running past the end of the file)."""
+    """12 runs, each on a copy of one store where one random leaf node of an image has a random value size
+    (which LMDB itself does not check): every run exits 0 with stock's pixels."""
     pristine = _fill(tmp_path / "pristine", files)
     raw = (pristine / "data.mdb").read_bytes()
     nodes = _big_value_nodes(raw)
@@ -351,8 +358,9 @@ def test_random_damage_to_value_sizes_in_leaf_pages(tmp_path, files):
 
 
 def test_an_address_space_limit_keeps_the_store_byte_for_byte(tmp_path, files):
-    """Under RLIMIT_AS (12 GB, as batch schedulers set) a store with the 20 GB cap could not be mapped (ENOMEM)
-    and was deleted as damaged on every run. Now it is mapped smaller, read, and left byte for byte."""
+    """Under RLIMIT_AS (12 GB, as batch schedulers set) a store with the 20 GB cap cannot be mapped at its cap
+    (ENOMEM): it is mapped smaller, every image is a hit, the data file is kept byte for byte, and one
+    warning names the address-space limit."""
     cap = str(20 * 1000**3)
     store = _fill(tmp_path / "cache", files, cap=cap)
     before = _digest(store / "data.mdb")
@@ -391,8 +399,8 @@ def test_an_address_space_limit_too_tight_for_any_map_keeps_the_store(tmp_path, 
 
 
 def test_store_files_of_mode_0400_are_kept(tmp_path, files):
-    """A store whose files are read-only to their owner (mode 0400) was deleted as damaged. Now: one warning
-    (permission denied), uncached, the store kept. As root, CAP_DAC_OVERRIDE is dropped for the run."""
+    """A store whose files are read-only to their owner (mode 0400): one warning (permission denied, left as
+    it is), no hits, the data file and its mode kept. As root, CAP_DAC_OVERRIDE is dropped for the run."""
     store = _fill(tmp_path / "cache", files)
     before = _digest(store / "data.mdb")
     for name in ("data.mdb", "lock.mdb"):
@@ -409,7 +417,8 @@ def test_store_files_of_mode_0400_are_kept(tmp_path, files):
 
 
 def test_a_store_on_a_read_only_mount_is_kept(tmp_path, files):
-    """EROFS: one warning, uncached, the store kept (a read-only bind mount of the cache folder)."""
+    """EROFS (a read-only bind mount of the cache folder): one "read-only" warning, no hits, the data file
+    kept byte for byte."""
     store = _fill(tmp_path / "cache", files)
     before = _digest(store / "data.mdb")
     cache_dir = tmp_path / "cache"
@@ -468,7 +477,7 @@ def _same_size_pair(tmp_path: Path, files: list[Path]) -> tuple[Path, Path]:
 
 def test_a_racy_rewrite_on_one_second_timestamps_is_not_served_stale(tmp_path, files):
     """ext4 with 128-byte inodes keeps whole-second timestamps: a file rewritten in place with the same size
-    in the same second as it was cached was served its old pixels (5 of 5). Now it was never cached."""
+    in the same second as it was first read is served its new pixels, in 5 of 5 tries."""
     img = _ext4_image(tmp_path, 16, "-I 128")
     fs = tmp_path / "fs"
     a, b = _same_size_pair(tmp_path, files)
@@ -526,8 +535,8 @@ def test_the_racy_rule_with_a_fake_clock(tmp_path, files, monkeypatch):
 
 
 def test_a_store_folder_that_is_a_symlink_is_refused(tmp_path, files):
-    """The cache folder is private, but its store folder links to a folder open to others: LMDB's files
-    were written there. Now: refused with one warning, nothing written there."""
+    """The cache folder is private, but its store folder links to a folder open to others: one warning
+    naming the symbolic link, no hits, and nothing written in the linked folder."""
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)
@@ -540,6 +549,8 @@ def test_a_store_folder_that_is_a_symlink_is_refused(tmp_path, files):
 
 
 def test_a_store_folder_open_to_others_is_refused(tmp_path, files):
+    """A store folder of mode 0777 in a private cache folder: one warning ("writable by group or others"),
+    no hits, the data file kept byte for byte."""
     store = _fill(tmp_path / "cache", files[:3])
     store.chmod(0o777)
     before = _digest(store / "data.mdb")
@@ -549,8 +560,8 @@ def test_a_store_folder_open_to_others_is_refused(tmp_path, files):
 
 
 def test_a_hard_linked_data_file_is_never_written_through(tmp_path, files):
-    """data.mdb has a second name (another file of the same user): adding entries wrote through it. Now:
-    refused with one warning, and the other file is unchanged."""
+    """data.mdb has a second name (another file of the same user): one warning naming the 2 links, no hits,
+    and the other file unchanged byte for byte although the run had entries to add."""
     store = _fill(tmp_path / "cache", files[:3])
     other = tmp_path / "precious.bin"
     os.link(store / "data.mdb", other)
@@ -587,6 +598,8 @@ _FORKS = textwrap.dedent("""
 
 
 def test_the_check_runs_once_per_run_and_again_after_a_change(tmp_path, files):
+    """The check runs once in a process whose forked children then read the store; not at all in the next
+    process (the recorded verdict holds for the unchanged file); once again after any write to the file."""
     store = _fill(tmp_path / "cache", files)
     log = tmp_path / "checks"
 
@@ -618,6 +631,34 @@ def test_a_check_killed_by_another_signal_keeps_the_store(tmp_path, files, monke
     assert cache.check_store(store) == ("damaged", "reading it raised SIGBUS")
     monkeypatch.undo()
     assert cache.check_store(store) == ("sound", "")
+
+
+def _child(store: Path) -> subprocess.CompletedProcess:
+    """The check child as the check starts it: ``python -I`` on the script's path, nothing of the package."""
+    import lmdb
+
+    lmdb_parent = os.path.dirname(os.path.dirname(os.path.abspath(lmdb.__file__)))
+    size = (store / "data.mdb").stat().st_size
+    return subprocess.run([sys.executable, "-I", cache.verify.CHILD_SCRIPT, lmdb_parent, str(store),
+                           str(size + 1024**2), str(cache.MAX_READERS)], capture_output=True, text=True,
+                          env=_env(), timeout=120)
+
+
+def test_the_check_child_on_a_sound_and_a_damaged_store(tmp_path, files):
+    """The check child on its own: exit SOUND with nothing printed on a sound store; exit DAMAGED naming the
+    value that runs past the end of the file on a damaged copy; the store's bytes unchanged by either."""
+    from nano_patch.vision.cache import check_child
+
+    store = _fill(tmp_path / "cache", files)
+    before = _digest(store / "data.mdb")
+    proc = _child(store)
+    assert (proc.returncode, proc.stdout) == (check_child.SOUND, ""), _died(proc)
+    assert _digest(store / "data.mdb") == before
+    shutil.copytree(store, tmp_path / "damaged")
+    _change_value_size(tmp_path / "damaged", "past the end")
+    proc = _child(tmp_path / "damaged")
+    assert proc.returncode == check_child.DAMAGED and "overflow" in proc.stdout.lower(), _died(proc)
+    assert cache.check_store(tmp_path / "damaged") == ("damaged", proc.stdout.strip())
 
 
 # --- threads ----------------------------------------------------------------------------------------------

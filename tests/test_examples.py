@@ -51,12 +51,26 @@ def test_pets_finetune(tmp_path, photo_folder, patched):
         assert not store.exists()
 
 
+#: The accuracy one epoch reaches on the digits' held-out images, at the least. Stock reaches 0.59 (the raw
+#: loop) and 0.86 (Trainer.compile) after one epoch, the patched runs 0.57 and 0.86 (2 cores, fixed seeds);
+#: an untrained or broken model (weights not synchronised, gradients lost, the wrong model returned) scores
+#: about 0.1, chance on 10 classes.
+RAW_LOOP_MIN_ACCURACY = 0.35
+COMPILE_MIN_ACCURACY = 0.6
+
+
+def accuracies(pattern: str, stdout: str) -> list[float]:
+    return [float(a) for a in re.findall(pattern, stdout, re.M)]
+
+
 def test_nano_raw_loop(tmp_path):
     proc = _run(tmp_path, str(EXAMPLES / "nano_raw_loop.py"), "--epochs", "1")
     # two ranks print at once: their lines may run together, so no anchors
-    assert re.search(r"@nano: \d+ samples/s per process, test accuracy [01]\.\d{3}", proc.stdout), proc.stdout
+    found = accuracies(r"@nano: \d+ samples/s per process, test accuracy ([01]\.\d{3})", proc.stdout)
+    assert found and min(found) >= RAW_LOOP_MIN_ACCURACY, proc.stdout
 
 
 def test_compile_module(tmp_path):
     proc = _run(tmp_path, str(EXAMPLES / "compile_module.py"), "--epochs", "1")
-    assert re.search(r"^Trainer\.compile: \d+\.\d s, val accuracy [01]\.\d{3}$", proc.stdout, re.M), proc.stdout
+    found = accuracies(r"^Trainer\.compile: \d+\.\d s, val accuracy ([01]\.\d{3})$", proc.stdout)
+    assert len(found) == 1 and found[0] >= COMPILE_MIN_ACCURACY, proc.stdout

@@ -206,7 +206,55 @@ def test_report_fields_on_a_real_short_run(tmp_path, image_folder):
     assert by_name["trainer[pytorch_lightning]"]["top_accelerated"][0]["what"].startswith("Trainer(precision=32")
     for step in ("image_loading", "resize"):  # timed (which is slower is for benchmarks/ to say)
         assert rep["seconds"][step] > 0, rep["seconds"]
-    assert isinstance(rep["advice"], list)
+    # What the report knows of this run: fp32 trained (bf16 advice where the CPU computes bf16 natively),
+    # one worker (no num_workers advice), no unused knobs.
+    from nano_patch import sysinfo
+
+    assert [a for a in rep["advice"] if "bf16" in a] == ([_BF16_ADVICE] if sysinfo.has_native_bf16() else [])
+    assert not [a for a in rep["advice"] if "num_workers" in a or "knob" in a], rep["advice"]
+
+
+_BF16_ADVICE = ("this CPU computes bf16 natively but the model trained in fp32: try `nano-patch run --fast` "
+                "(or --precision bf16)")
+
+
+def _advice(tmp_path: Path, *, load_s: float = 0.0, resize_s: float = 0.0, wait_s: float = 0.0, step_s: float = 0.0,
+            workers: int = 0, precision: str = "32", native_bf16: bool = False, simd: bool = False,
+            resample: str = "native (AVX2)", knobs: tuple[str, ...] = ()) -> list[str]:
+    """The advice of a report on figures given as a run's counters would hold them."""
+    tmp_path.mkdir()
+    report.stats = report.Stats(str(tmp_path))
+    try:
+        report.stats.seconds.update({"load": load_s, "resize": resize_s})
+        if wait_s or step_s:
+            report.stats.loader.update({"samples": 100, "wait_s": wait_s, "step_s": step_s, "max_workers": workers})
+        out = report.compose(1.0, [], list(knobs), [{"precision": precision}], native_bf16, simd, resample)
+    finally:
+        report.stats = None
+    return out["advice"]
+
+
+def test_advice_names_what_the_report_saw(tmp_path):
+    """Each piece of advice appears exactly when its condition holds, and says what was measured."""
+    quiet = dict(load_s=1.0, resize_s=0.05, wait_s=0.1, step_s=0.9, workers=0)
+    assert _advice(tmp_path / "a", **quiet) == []
+    # fp32 on a CPU with native bf16: try --fast; on one without, nothing
+    assert _advice(tmp_path / "b", **quiet, native_bf16=True) == [_BF16_ADVICE]
+    assert _advice(tmp_path / "c", **quiet, native_bf16=True, precision="bf16") == []
+    # the loop waited for data half the time with num_workers=0: give it workers; with workers, nothing
+    waiting = _advice(tmp_path / "d", load_s=1.0, wait_s=0.5, step_s=0.5, workers=0)
+    assert len(waiting) == 1 and "50% of the time with num_workers=0" in waiting[0]
+    assert _advice(tmp_path / "e", load_s=1.0, wait_s=0.5, step_s=0.5, workers=2) == []
+    # resizes took 40% of loading on PIL's code (no native kernel): reinstall with a compiler, or pillow-simd
+    pil = "PIL's code (no C compiler at install)"
+    slow = _advice(tmp_path / "f", load_s=1.0, resize_s=0.4, resample=pil)
+    assert len(slow) == 1 and slow[0].startswith("resizes took 40% of image loading time on PIL's own code "
+                                                 "(no C compiler at install)") and "install-simd" in slow[0]
+    assert _advice(tmp_path / "g", load_s=1.0, resize_s=0.4, resample=pil, simd=True) == []
+    assert _advice(tmp_path / "h", load_s=1.0, resize_s=0.4) == []  # the native resize runs
+    # unused knobs, as the session names them
+    assert _advice(tmp_path / "i", knobs=("precision='bf16' was set, but no Trainer ran",)) == [
+        "precision='bf16' was set, but no Trainer ran"]
 
 
 def test_fallbacks_are_counted_with_reasons(tmp_path, photos):
