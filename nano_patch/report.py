@@ -42,7 +42,7 @@ class Stats:
         self.counts: Counter[tuple[str, bool, str]] = Counter()
         self.seconds: Counter[str] = Counter()
         self.loader: Counter[str] = Counter()
-        #: the decoded-image cache: hits, misses, stored, bytes, decode seconds and pixels (vision/cache.py)
+        #: the decoded-image cache: hits, misses, stored, bytes, decode seconds and pixels (vision/cache/figures.py)
         self.cache: Counter[str] = Counter()
         self.iterators: list[weakref.ref[Any]] = []
         self._flushed = time.monotonic()

@@ -161,6 +161,8 @@ def test_v2_auto_augment_policies_are_exact_over_many_draws(policy, photos):
     draws that each op runs, images equal stock's and every generator is left as stock leaves it."""
     make = getattr(v2, policy)
     images = [_images(photos)[1], _images(photos)[3]]
+    if policy == "AugMix":  # a third of the size: AugMix's tensor arithmetic is slow on stock's side
+        images = [im.reduce(3) for im in images]
     calls = [(im, seed) for im in images for seed in range(40)]
 
     def run(im, seed):
