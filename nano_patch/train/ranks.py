@@ -279,8 +279,12 @@ def _child_cause(command: list[str], environ: dict[str, str] | None) -> str:
     return "; ".join(parts)
 
 
-def stop_children(procs: list[Any], grace: float = 3.0) -> None:
-    """End the child ranks this process started: SIGTERM, then SIGKILL after ``grace`` seconds; reap them."""
+def stop_children(procs: list[Any], grace: float = 3.0, patience: float = 0.0) -> None:
+    """End the child ranks this process started: let them end by themselves for ``patience`` seconds (they
+    raise the same error), then SIGTERM, then SIGKILL after ``grace`` seconds; reap them."""
+    deadline = time.monotonic() + patience
+    while any(proc.poll() is None for proc in procs) and time.monotonic() < deadline:
+        time.sleep(0.05)
     for proc in procs:
         if proc.poll() is None:
             proc.terminate()
@@ -324,7 +328,7 @@ def check_records(strategy: Any) -> None:
     if message:
         procs = list(getattr(getattr(strategy, "_launcher", None), "procs", None) or [])
         if procs:
-            stop_children(procs)
+            stop_children(procs, patience=10.0)
         raise RankPatchError(message)
 
 
