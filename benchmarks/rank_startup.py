@@ -1,8 +1,8 @@
 """Rank start-up: wall time from `nano-patch run` to every rank's first training step, for 1, 2 and 4 ranks.
 
-The main job (``examples/pets_finetune.py``, its default photo folder, one epoch) runs under ``nano-patch run
+The main job (``examples/pets_finetune.py``, its default photo folder) runs under ``nano-patch run
 [--num-processes N]``; a driver sets the example's ``on_train_batch_start`` to print the time of each rank's
-first step, and nothing else. Several code trees (``--code NAME=PATH``, put first on PYTHONPATH) run interleaved,
+first step and end that rank there. Several code trees (``--code NAME=PATH``, put first on PYTHONPATH) run interleaved,
 round by round, so that drift on a shared machine hits them alike. Results: ``results/rank_startup.json``.
 
     python benchmarks/rank_startup.py --code before=/path/to/old/tree --code after=. [--ranks 1 2] [--rounds 3]
@@ -25,15 +25,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results"
 
+# Each rank ends at its first step: no collective runs between the last one before training (all ranks leave it
+# together) and a rank's first on_train_batch_start, so no rank's exit can hold another back.
 DRIVER = r"""
-import sys, time
+import os, sys, time
 sys.path.insert(0, {examples!r})
 import pets_finetune
 
 def on_train_batch_start(self, batch, batch_idx):
-    if not getattr(self, "_first_step_seen", False):
-        self._first_step_seen = True
-        print(f"FIRST_STEP rank={{self.global_rank}} t={{time.time():.3f}}", flush=True)
+    print(f"FIRST_STEP rank={{self.global_rank}} t={{time.time():.3f}}", flush=True)
+    sys.stderr.flush()
+    os._exit(0)
 
 pets_finetune.PetsClassifier.on_train_batch_start = on_train_batch_start
 pets_finetune.main()
@@ -41,13 +43,14 @@ pets_finetune.main()
 
 
 def run_once(code: Path, ranks: int, driver: Path, extra: list[str]) -> dict:
+    # Run from the driver's folder: a working directory holding a nano_patch would come first on the path.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NANO_PATCH_", "_NANO_PATCH", "OMP_"))}
     env["PYTHONPATH"] = os.pathsep.join([str(code), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["PYTHONUNBUFFERED"] = "1"
     cmd = [sys.executable, "-m", "nano_patch", "run", *(["--num-processes", str(ranks)] if ranks > 1 else []),
            *extra, str(driver), "--epochs", "1"]
     start = time.time()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=driver.parent)
     ended = time.time()
     if proc.returncode != 0:
         raise RuntimeError(f"{code} with {ranks} ranks failed:\n{proc.stderr[-3000:]}")
@@ -55,7 +58,7 @@ def run_once(code: Path, ranks: int, driver: Path, extra: list[str]) -> dict:
     if len(firsts) != ranks:
         raise RuntimeError(f"expected {ranks} first steps, got {firsts}:\n{proc.stdout[-2000:]}")
     return {"to_every_first_step_s": max(firsts.values()) - start, "to_rank0_first_step_s": firsts[0] - start,
-            "wall_s": ended - start}
+            "wall_s": ended - start}  # wall: to the last rank's end
 
 
 def main() -> None:
@@ -84,7 +87,7 @@ def main() -> None:
               "runs": {name: {str(n): rs for n, rs in by_n.items()} for name, by_n in runs.items()}}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.stem}.json").write_text(json.dumps(result, indent=2))
-    print("| code | ranks | launch to every rank's first step, s (median) | over 1 rank, s | launch to exit, s |")
+    print("| code | ranks | launch to every rank's first step, s (median) | over 1 rank, s | launch to the end, s |")
     print("|---|---|---|---|---|")
     for name, by_n in runs.items():
         one = statistics.median(r["to_every_first_step_s"] for r in by_n[counts[0]])

@@ -250,12 +250,12 @@ def _never_announced(strategy: Any, waiting: dict[int, tuple[Any, tuple]], timeo
         else:
             what = f"ended with status {code} before it registered with the launching rank (its error is above)"
         lines.append(f"nano-patch: rank {rank} (pid {proc.pid}) did not start with nano-patch: it {what}. "
-                     f"Cause: {_child_cause(command, environ)}.")
+                     f"Cause: {_child_cause(command, environ, code)}.")
     return "\n".join([*lines, FIX, "The run is stopped on every rank."])
 
 
-def _child_cause(command: list[str], environ: dict[str, str] | None) -> str:
-    """What the child lacked, read from its command line and environment."""
+def _child_cause(command: list[str], environ: dict[str, str] | None, code: int | None = None) -> str:
+    """What the child lacked, read from its command line, environment and exit status."""
     from nano_patch.config import STARTUP_ENV
 
     shown = " ".join(command[:6]) + (" ..." if len(command) > 6 else "")
@@ -264,6 +264,10 @@ def _child_cause(command: list[str], environ: dict[str, str] | None) -> str:
         if not arg.startswith("-") or arg in ("-m", "-c"):
             break
         flags.append(arg)
+    if RANK_ENTRY in command and code:
+        return (f"it was started as `{shown}`, and its interpreter could not run nano-patch's rank entry or the "
+                "script (its error is above; `No module named nano_patch._rank`: it imports another nano-patch "
+                "install, or none)")
     if RANK_ENTRY in command:
         return (f"it was started as `{shown}` but did not get through nano-patch's rank entry in time (a very slow "
                 f"start: raise {START_TIMEOUT_ENV})")
