@@ -133,6 +133,8 @@ def run_config(name: str, data: Path, epochs: int, size: int | None = None, batc
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NANO_PATCH_", "_NANO_PATCH", "OMP_", "KMP_"))
            and k not in ("LD_PRELOAD", "MALLOC_CONF")}
     env.update(env_extra)
+    if " x " in name:  # this tree's nano-patch, in every rank, however (or whether) it is installed
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     cache_dir = tempfile.mkdtemp(prefix="nano-patch-bench-cache-")
     env["NANO_PATCH_CACHE_DIR"] = os.path.join(cache_dir, "c")  # each run starts with an empty cache
     cmd = [sys.executable, *prefix, str(ROOT / "examples" / "pets_finetune.py"), str(data), "--epochs", str(epochs),

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 import nano_patch
-from nano_patch.train import ranks
 
+RANK_ENTRY = "nano_patch._rank"
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).parent / "scripts"
 TWO_CORES = len(os.sched_getaffinity(0)) >= 2
@@ -79,12 +79,12 @@ def test_lightnings_child_command_runs_the_rank_entry_while_patched_and_stock_af
     from pytorch_lightning.strategies.launchers import subprocess_script as pl_launcher
 
     stock = pl_launcher._basic_subprocess_cmd()
-    assert ranks.RANK_ENTRY not in stock
+    assert RANK_ENTRY not in stock
     nano_patch.patch_torch()
     try:
         for module in (pl_launcher, fabric_launcher):
             command = module._basic_subprocess_cmd()
-            assert command == [stock[0], "-m", ranks.RANK_ENTRY, *stock[1:]], command
+            assert command == [stock[0], "-m", RANK_ENTRY, *stock[1:]], command
     finally:
         nano_patch.unpatch_torch()
     assert pl_launcher._basic_subprocess_cmd() == stock
@@ -98,7 +98,7 @@ def test_the_rank_entry_runs_a_script_as_python_would(tmp_path):
                       "'name': __name__, 'file': __file__}))\n")
     stock = subprocess.run([sys.executable, str(script), "a", "--b"], capture_output=True, text=True, check=True,
                            env=_env())
-    entry = subprocess.run([sys.executable, "-m", ranks.RANK_ENTRY, str(script), "a", "--b"], capture_output=True,
+    entry = subprocess.run([sys.executable, "-m", RANK_ENTRY, str(script), "a", "--b"], capture_output=True,
                            text=True, check=True, env=_env(), cwd=tmp_path)
     assert json.loads(entry.stdout) == json.loads(stock.stdout)
 
@@ -200,6 +200,8 @@ def _record(**changes):
 
 
 def test_records_that_agree_pass_and_each_difference_is_named():
+    from nano_patch.train import ranks
+
     assert ranks.mismatch_message([_record(), _record(pid=2), _record(pid=3)]) is None
     unpatched = _record(pid=2, patched=False, options=None, how=None, cause="its interpreter runs with -S or -I")
     text = ranks.mismatch_message([_record(), unpatched])
@@ -212,8 +214,27 @@ def test_records_that_agree_pass_and_each_difference_is_named():
 
 
 def test_an_unpatched_process_says_why(monkeypatch):
+    from nano_patch.train import ranks
+
     monkeypatch.delenv("_NANO_PATCH_STARTUP", raising=False)
     record = ranks.local_record()
     assert record["patched"] is False and "lacks _NANO_PATCH_STARTUP" in record["cause"]
     monkeypatch.setenv("_NANO_PATCH_STARTUP", "{}")
     assert "nano_patch_startup.pth" in ranks.local_record()["cause"]
+
+
+def test_a_rank_started_by_lightnings_launcher_is_not_rank_zero(monkeypatch):
+    """Lightning's script launcher sets LOCAL_RANK (and NODE_RANK), not RANK, in the ranks it starts: their one-line
+    notices (the --fast cache verdict, the end-of-run lines) are rank 0's alone."""
+    from nano_patch import session
+
+    for var in ("RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    assert session._is_rank_zero()
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert session._is_rank_zero()
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert not session._is_rank_zero()
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("NODE_RANK", "1")
+    assert not session._is_rank_zero()
