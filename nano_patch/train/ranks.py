@@ -186,10 +186,16 @@ def await_started_ranks(strategy: Any) -> None:
     trains alone)."""
     import torch.distributed as dist
 
+    import nano_patch
+
     launcher = getattr(strategy, "_launcher", None)
     procs = list(getattr(launcher, "procs", None) or [])
     env = getattr(strategy, "cluster_environment", None)
     if not procs or env is None or (dist.is_available() and dist.is_initialized()):
+        return
+    if not nano_patch.is_patched():
+        # TorchNano/@nano in a process that did not patch: its children are not started through the rank entry
+        # and run unpatched alike; the record check after init_process_group sees that they agree.
         return
     timeout = start_timeout()
     try:
