@@ -238,3 +238,14 @@ def test_a_rank_started_by_lightnings_launcher_is_not_rank_zero(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("NODE_RANK", "1")
     assert not session._is_rank_zero()
+
+
+def test_the_start_timeout_variable_is_no_option_and_is_read(monkeypatch):
+    from nano_patch import config
+    from nano_patch.train import ranks
+
+    monkeypatch.setenv(ranks.START_TIMEOUT_ENV, "12")
+    assert config.from_env() == {}  # not an unknown option
+    assert ranks.start_timeout() == 12.0
+    monkeypatch.setenv(ranks.START_TIMEOUT_ENV, "soon")
+    assert ranks.start_timeout() == ranks.DEFAULT_START_TIMEOUT

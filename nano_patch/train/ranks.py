@@ -209,21 +209,26 @@ def await_started_ranks(strategy: Any) -> None:
     node = env.node_rank()
     waiting = {i + 1: proc for i, proc in enumerate(procs)}
     seen = {local: _read_process(proc) for local, proc in waiting.items()}  # while the children still exist
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    # A child whose command runs the rank entry announces first thing; if it has not yet, it is slow (a loaded
+    # machine), not unpatched: it gets longer. The others can only announce from the .pth hook.
+    limits = {local: timeout * (4 if RANK_ENTRY in seen[local][0] else 1) for local in waiting}
     while waiting:
+        late = []
         for local, proc in list(waiting.items()):
             if store.check([f"{_KEY}started/{node}/{local}"]):
                 del waiting[local]
-            elif proc.poll() is not None:
-                break  # ended without announcing: it failed, or ran the whole script alone
-        else:
-            if waiting and time.monotonic() <= deadline:
-                time.sleep(0.05)
-                continue
-        if waiting:
-            message = _never_announced(strategy, {k: (waiting[k], seen[k]) for k in waiting}, timeout)
+            elif proc.poll() is not None or time.monotonic() - start > limits[local]:
+                late.append(local)  # ended without announcing (it failed, or ran the script alone), or too late
+        if late:
+            for local in late:
+                if waiting[local].poll() is None:  # the environment it runs with now, past any exec
+                    seen[local] = _read_process(waiting[local])
+            message = _never_announced(strategy, {k: (waiting[k], seen[k]) for k in late}, time.monotonic() - start)
             stop_children(procs)
             raise RankPatchError(message)
+        if waiting:
+            time.sleep(0.05)
 
 
 def _read_process(proc: Any) -> tuple[list[str], dict[str, str] | None]:
