@@ -105,7 +105,7 @@ def _announce(host: str, port: int, key: str, value: str) -> None:
     try:
         from torch.distributed import TCPStore
 
-        store = TCPStore(host, port, None, False, timedelta(seconds=2 * start_timeout()), wait_for_workers=False)
+        store = TCPStore(host, port, None, False, timedelta(seconds=5 * start_timeout()), wait_for_workers=False)
         store.set(key, value)
     except Exception as exc:  # noqa: BLE001 - the launching process reports a child that never announced
         log.debug("nano-patch: could not announce this rank: %s", exc)
