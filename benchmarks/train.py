@@ -9,12 +9,19 @@ epoch fills it; the measured epochs, from the second on, read it). Results:
 ``benchmarks/results/train.json`` and ``train.png``.
 
     python benchmarks/train.py [--epochs 2] [--per-class 64]
+
+``--multi-instance`` compares processes x cores each at the same total cores instead: ``nano-patch run --fast``
+in 1 process on all cores (up to 16) against 2 and 4 pinned processes (``--num-processes``) sharing them, on the
+main job (96 px, batch 16) and on a larger one (224 px, batch 64); results ``multi_instance.json`` and ``.png``:
+
+    python benchmarks/train.py --multi-instance        # 1 x 16, 2 x 8, 4 x 4 on 16 cores; 1 x 2, 2 x 1 on 2
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -98,21 +105,47 @@ print(f"compute-only samples/s: {{n / (time.perf_counter() - t):.1f}}")
 """
 
 
-def run_config(name: str, data: Path, epochs: int) -> dict:
+#: The jobs of --multi-instance: (input size, batch size).
+MULTI_INSTANCE_JOBS = {"main job (96 px, batch 16)": (96, 16), "larger job (224 px, batch 64)": (224, 64)}
+
+
+def multi_instance_shapes(max_cores: int = 16) -> list[tuple[int, int]]:
+    """(processes, cores each) for 1, 2 and 4 processes over the same cores: this process's usable CPUs, at most
+    ``max_cores``; shapes that would leave a process without a core are left out."""
+    total = min(len(os.sched_getaffinity(0)), max_cores)
+    return [(p, total // p) for p in (1, 2, 4) if total // p >= 1]
+
+
+def multi_instance_name(processes: int, cores: int) -> str:
+    return f"{processes} x {cores}"
+
+
+def run_config(name: str, data: Path, epochs: int, size: int | None = None, batch: int | None = None,
+               cpus: list[int] | None = None) -> dict:
     if name in ENV_STUDY:
         prefix, env_extra = ["-m", "nano_patch", "run"], {**ALL, **ENV_STUDY[name]}
+    elif " x " in name:  # --multi-instance: "P x C", `--fast` in P pinned processes on the cpus given
+        processes = int(name.split(" x ")[0])
+        prefix = ["-m", "nano_patch", "run", "--fast"] + (["--num-processes", str(processes)] if processes > 1 else [])
+        env_extra = {}
     else:
         prefix, env_extra = CONFIGS[name]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NANO_PATCH_", "_NANO_PATCH", "OMP_", "KMP_"))
            and k not in ("LD_PRELOAD", "MALLOC_CONF")}
     env.update(env_extra)
+    if " x " in name:  # this tree's nano-patch, in every rank, however (or whether) it is installed
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     cache_dir = tempfile.mkdtemp(prefix="nano-patch-bench-cache-")
     env["NANO_PATCH_CACHE_DIR"] = os.path.join(cache_dir, "c")  # each run starts with an empty cache
     cmd = [sys.executable, *prefix, str(ROOT / "examples" / "pets_finetune.py"), str(data), "--epochs", str(epochs),
-           "--size", str(SIZE)]
+           "--size", str(size or SIZE)]
+    if batch is not None:
+        cmd += ["--batch", str(batch)]
+    # The run sees only these CPUs (the launcher splits them between its ranks); default: all of this process's.
+    bind = None if cpus is None else functools.partial(os.sched_setaffinity, 0, cpus)
     start = time.perf_counter()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = psutil.Popen(cmd, env=env, stdout=out, stderr=err, text=True)
+        proc = psutil.Popen(cmd, env=env, stdout=out, stderr=err, text=True, preexec_fn=bind)
         peak = 0
         while proc.poll() is None:
             peak = max(peak, _tree_rss(proc))  # every rank and worker, summed
@@ -172,11 +205,19 @@ def main() -> None:
     ap.add_argument("--env-study", action="store_true", help="measure each `nano-patch init` setting instead")
     ap.add_argument("--repeat", type=int, default=1, help="runs per configuration; the median is reported")
     ap.add_argument("--stem", default=None, help="results file name (default: train, or env with --env-study)")
+    ap.add_argument("--multi-instance", action="store_true",
+                    help="compare 1, 2 and 4 pinned processes (`--fast`) over the same cores on the main job and a "
+                         "larger one (224 px, batch 64); defaults then: --epochs 3 --per-class 256")
+    ap.add_argument("--max-cores", type=int, default=16, help="--multi-instance: cores to share out (at most)")
     args = ap.parse_args()
     global SIZE
     SIZE = args.size
     sys.path.insert(0, str(ROOT / "examples"))
     from make_photo_folder import build
+
+    if args.multi_instance:
+        multi_instance(args, build)
+        return
 
     with tempfile.TemporaryDirectory() as tmp:
         data = build(Path(tmp) / "photos", args.per_class)
@@ -221,6 +262,58 @@ def main() -> None:
         ratios = [b / a for a, b in zip(configs[ALL_NAME]["per_round"], configs[ALL_2P_NAME]["per_round"])]
         print("all + 2 processes / all, per round:", ", ".join(f"{r:.2f}" for r in ratios),
               f"(median {_middle(ratios):.2f})")
+
+
+def multi_instance(args: argparse.Namespace, build) -> None:
+    """``--multi-instance``: P x C (processes x cores each) at the same total cores, per job, interleaved rounds."""
+    epochs = args.epochs if "--epochs" in sys.argv else 3
+    per_class = args.per_class if "--per-class" in sys.argv else 256
+    shapes = multi_instance_shapes(args.max_cores)
+    cpus = sorted(os.sched_getaffinity(0))[:shapes[0][1]]
+    names = [multi_instance_name(p, c) for p, c in shapes]
+    result = {"machine": f"{_cpu_name()}, {os.cpu_count()} CPUs", "python": platform.python_version(),
+              "epochs": epochs, "per_class": per_class, "cpus": cpus, "bf16": BF16, "jobs": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        data = build(Path(tmp) / "photos", per_class)
+        runs = {job: {n: [] for n in names} for job in MULTI_INSTANCE_JOBS}
+        for _ in range(args.repeat):  # interleaved, so drift on a shared VM hits every shape alike
+            for job, (size, batch) in MULTI_INSTANCE_JOBS.items():
+                for name in names:
+                    runs[job][name].append(run_config(name, data, epochs, size, batch, cpus))
+                    print(job, name, runs[job][name][-1], flush=True)
+    for job, by_name in runs.items():
+        result["jobs"][job] = {n: {**_middle(rs, key=lambda r: r["samples_per_s"]),
+                                   "per_round": [r["samples_per_s"] for r in rs]} for n, rs in by_name.items()}
+    RESULTS.mkdir(exist_ok=True)
+    stem = args.stem or "multi_instance"
+    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2))
+    multi_instance_chart(result, names, RESULTS / f"{stem}.png")
+    print(f"`nano-patch run --fast`, {len(cpus)} cores, {result['machine']}")
+    print("| job | processes x cores | samples/s | vs 1 process | wall s | val acc | peak RSS MB |")
+    print("|---|---|---|---|---|---|---|")
+    for job, by_name in result["jobs"].items():
+        one = by_name[names[0]]["samples_per_s"]
+        for name, r in by_name.items():
+            print(f"| {job} | {name} | {r['samples_per_s']:.1f} | {r['samples_per_s'] / one:.2f}x | "
+                  f"{r['wall_s']:.0f} | {r['val_acc']:.3f} | {r['peak_rss_mb']:.0f} |")
+
+
+def multi_instance_chart(result: dict, names: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from vision import grouped_bars
+
+    jobs = list(result["jobs"])
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ticks = grouped_bars(ax, jobs, names, lambda j, n: result["jobs"][j][n]["samples_per_s"])
+    ax.set_xticks(ticks, jobs, fontsize=8)
+    ax.set_ylabel("training samples / s, end to end from JPEG")
+    ax.set_title(f"nano-patch run --fast: processes x cores each, same cores\n{result['machine']}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def _middle(values: list, key=None):

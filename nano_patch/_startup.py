@@ -11,11 +11,14 @@ import sys
 def _run() -> None:
     from nano_patch import patch_torch, session
     from nano_patch.config import STARTUP_ENV, from_json
+    from nano_patch.train import ranks
 
     session.started_by_run = True
 
     try:
         patch_torch(**from_json(os.environ.get(STARTUP_ENV) or "{}"))
+        ranks.patched_by = ".pth hook"
+        ranks.announce_start()  # a child rank whose command did not go through the rank entry
     except Exception as exc:  # noqa: BLE001 - never stop the interpreter from starting
         print(f"nano-patch: startup patching failed, running unpatched: {type(exc).__name__}: {exc}", file=sys.stderr)
 

@@ -117,7 +117,7 @@ def run_options(args: argparse.Namespace) -> dict[str, object]:
 
 def _run(args: argparse.Namespace) -> int:
     from . import patch_torch, session
-    from .train import shutdown
+    from .train import ranks, shutdown
 
     rest = list(args.args)
     if args.report not in (None, "-") and not args.report.endswith(".json"):
@@ -159,6 +159,7 @@ def _run(args: argparse.Namespace) -> int:
     except config.ConfigError as exc:
         print(f"nano-patch run: {exc}", file=sys.stderr)
         return 2
+    ranks.patched_by = "nano-patch run"
     session.start_run(explicit, args.report)
     code = 0
     try:

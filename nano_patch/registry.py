@@ -132,7 +132,8 @@ class Patch:
     """
 
     name: ClassVar[str]
-    #: The option switch that turns this patch on or off: "vision", "dataloader" or "trainer".
+    #: The option switch that turns this patch on or off: "vision", "dataloader" or "trainer"; any other name
+    #: (the launch command's "ranks") is on whenever patch_torch() is in force.
     group: ClassVar[str]
     #: The module whose import triggers :meth:`apply`.
     target: ClassVar[str]
@@ -219,7 +220,8 @@ class PatchManager:
     def patch(self, options: Options) -> None:
         with self._lock:
             self.options = options
-            self.enabled = {p.name for p in self.patches if getattr(options, p.group)}
+            # A group that is no option (the launch command) is on whenever anything is patched.
+            self.enabled = {p.name for p in self.patches if getattr(options, p.group, True)}
             for p in self.patches:
                 if p.name not in self.enabled:
                     if p.applied:

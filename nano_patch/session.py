@@ -90,7 +90,8 @@ def start_run(flags: dict[str, Any], report_path: str | None) -> None:
 
 
 def _is_rank_zero() -> bool:
-    for var in ("RANK", "SLURM_PROCID"):
+    # Lightning's script launcher gives the ranks it starts LOCAL_RANK and NODE_RANK; RANK comes later, if at all.
+    for var in ("RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK"):
         value = os.environ.get(var, "0")
         if value.isdigit() and int(value) != 0:
             return False

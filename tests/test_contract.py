@@ -23,9 +23,14 @@ def _available(name: str) -> bool:
     return True
 
 
+def _fresh(p):
+    """A new, unapplied patch like ``p`` (those built per target take it as their argument)."""
+    return type(p)(p.target) if p.group in ("trainer", "ranks") else type(p)()
+
+
 @pytest.fixture(params=PATCHES, ids=lambda p: p.name)
 def patch(request):
-    p = type(request.param)(request.param.target) if request.param.group == "trainer" else type(request.param)()
+    p = _fresh(request.param)
     if not _available(p.target):
         pytest.skip(f"{p.target} is not installed")
     yield p
@@ -96,7 +101,7 @@ def _state(o):
 
 
 def _owners(patch, module):
-    p2 = type(patch)(patch.target) if patch.group == "trainer" else type(patch)()
+    p2 = _fresh(patch)
     p2.apply(module, Options())
     owners = {id(o): o for o, _, _ in p2.record._entries}
     p2.revert()

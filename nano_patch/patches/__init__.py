@@ -7,6 +7,7 @@ from ..registry import Patch
 
 def all_patches() -> list[Patch]:
     from .dataloader import DataLoaderPatch
+    from .launch_command import TARGETS, LaunchCommandPatch
     from .lightning_trainer import LightningTrainerPatch
     from .timm_datasets import TimmDatasetsPatch
     from .vision_datasets import VisionDatasetsPatch
@@ -21,4 +22,5 @@ def all_patches() -> list[Patch]:
         DataLoaderPatch(),
         LightningTrainerPatch("pytorch_lightning"),
         LightningTrainerPatch("lightning.pytorch"),
+        *(LaunchCommandPatch(target) for target in TARGETS),
     ]

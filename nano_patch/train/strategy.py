@@ -12,7 +12,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from . import FABRIC, LIGHTNING, find_class, name_class, shutdown, topology
+from . import FABRIC, LIGHTNING, find_class, name_class, ranks, shutdown, topology
 
 log = logging.getLogger("nano_patch")
 
@@ -63,10 +63,17 @@ class PinnedCores:
         self.pinned_cores: list[int] | None = None
 
     def setup_environment(self) -> None:
+        if getattr(self, "_start_method", None) in ("spawn", "forkserver"):
+            ranks.ensure_patched()  # a spawned rank whose interpreter skipped the .pth hook
         self.pinned_cores = pin_rank(self.local_rank, self.num_processes,  # type: ignore[attr-defined]
                                      self.cpu_for_each_process, self.global_rank)  # type: ignore[attr-defined]
         shutdown.watch(self)
+        # Every rank this process started must have come up patched before it waits for them in
+        # init_process_group (ranks.py); after it, every rank compares its patch with the others'.
+        ranks.await_started_ranks(self)
         super().setup_environment()  # type: ignore[misc]
+        vars(self).pop("_nano_start_store", None)
+        ranks.check_records(self)
 
     def on_exception(self, exception: BaseException) -> None:
         shutdown.mark_failed()

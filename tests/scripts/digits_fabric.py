@@ -13,6 +13,7 @@ import torch
 from sklearn.datasets import load_digits
 from torch.utils.data import DataLoader, TensorDataset
 
+import nano_patch
 from nano_patch import TorchNano, nano
 
 ARGS = dict(a.split("=", 1) for a in sys.argv[2:] if "=" in a)
@@ -65,7 +66,9 @@ def report(model, extra) -> dict:
     info = {"rank": r, "world": torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1,
             "pid": os.getpid(), "affinity": sorted(os.sched_getaffinity(0)), "threads": torch.get_num_threads(),
             "weights": weights,
-            "task_affinity": [sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")], **extra}
+            "task_affinity": [sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")],
+            "patched": nano_patch.is_patched(), "nano_patch_file": nano_patch.__file__,
+            "patched_by": getattr(sys.modules.get("nano_patch.train.ranks"), "patched_by", None), **extra}
     with open(os.path.join(OUT, f"rank{r}.json"), "w") as f:
         json.dump(info, f)
     return info

@@ -65,6 +65,10 @@ class DigitsCNN(pl.LightningModule):
                 "channels_last_weight": self.net[2].weight.is_contiguous(memory_format=torch.channels_last),
                 "conv_input_channels_last": getattr(self, "conv_input_channels_last", None),
                 "precision": str(self.trainer.precision), "strategy": type(self.trainer.strategy).__name__,
+                # Read without importing nano_patch: whether this rank runs patched, and what patched it.
+                "patched": bool(getattr(sys.modules.get("nano_patch"), "is_patched", lambda: False)()),
+                "patched_by": getattr(sys.modules.get("nano_patch.train.ranks"), "patched_by", None),
+                "nano_patch_file": getattr(sys.modules.get("nano_patch"), "__file__", None),
                 "task_affinity": [sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")],
             }, f)
 

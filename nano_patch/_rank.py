@@ -1,0 +1,43 @@
+"""``python -m nano_patch._rank (SCRIPT | -m MODULE) [ARGS ...]``: how nano-patch starts a child rank.
+
+Lightning's script launcher builds each child's command; under nano-patch that command runs this module
+first (``train/ranks.py``, ``patches/launch_command.py``). It patches the process with the launcher's options
+(``_NANO_PATCH_STARTUP``), tells the launcher it started, then runs the script or module exactly as
+``python SCRIPT`` / ``python -m MODULE`` would. The patch so reaches the rank whatever the interpreter does
+with .pth files.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+
+def main(argv: list[str]) -> None:
+    from nano_patch.config import STARTUP_ENV
+    from nano_patch.train import ranks
+
+    ranks.announce_start()  # first: its thread connects while this one patches
+    if STARTUP_ENV in os.environ:
+        by_hook = "nano_patch._startup" in sys.modules  # the .pth hook ran first: it already patched
+        import nano_patch._startup  # noqa: F401 - patches with the launcher's options, once
+
+        ranks.patched_by = ".pth hook" if by_hook else "rank entry"
+    if not argv:
+        sys.exit(f"usage: python -m {ranks.RANK_ENTRY} (SCRIPT | -m MODULE) [ARGS ...]")
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            sys.exit("python -m nano_patch._rank -m: give a module")
+        sys.argv = [argv[1], *argv[2:]]  # runpy sets argv[0] to the module's file, as `python -m` does
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        script = argv[0]
+        sys.argv = list(argv)
+        # `python SCRIPT` puts the script's folder first on the path, where `python -m` put the working directory.
+        sys.path[0] = os.path.dirname(os.path.abspath(script))
+        runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

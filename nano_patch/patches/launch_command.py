@@ -1,0 +1,58 @@
+"""Start Lightning's child ranks through nano-patch's rank entry (``python -m nano_patch._rank``).
+
+Lightning's and Fabric's ``_SubprocessScriptLauncher`` build each child's command with the module functions
+``_basic_subprocess_cmd`` and ``_hydra_subprocess_cmd`` (defined in ``lightning_fabric``'s launcher module and
+imported by name into ``pytorch_lightning``'s). Both are wrapped where the launchers look them up, in each of the
+four namespaces; the launchers themselves stay Lightning's. See ``train/ranks.py``.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any, ClassVar
+
+from ..config import Options
+from ..registry import Patch
+
+BUILDERS = ("_basic_subprocess_cmd", "_hydra_subprocess_cmd")
+
+#: launcher module -> the distribution that ships it
+TARGETS = {
+    "lightning_fabric.strategies.launchers.subprocess_script": "pytorch-lightning",
+    "pytorch_lightning.strategies.launchers.subprocess_script": "pytorch-lightning",
+    "lightning.fabric.strategies.launchers.subprocess_script": "lightning",
+    "lightning.pytorch.strategies.launchers.subprocess_script": "lightning",
+}
+
+
+class LaunchCommandPatch(Patch):
+    #: Not an option group: whatever is patched passes the patch to the ranks it starts.
+    group: ClassVar[str] = "ranks"
+    requires: ClassVar[dict[str, str]]
+
+    def __init__(self, target: str) -> None:
+        super().__init__()
+        self.target = target  # type: ignore[misc]
+        self.name = f"launch-command[{target.rsplit('.strategies', 1)[0]}]"  # type: ignore[misc]
+        self.requires = {TARGETS[target]: ">=2.4,<2.7"}  # type: ignore[misc]
+
+    def check_internals(self, module: ModuleType) -> str | None:
+        missing = [b for b in BUILDERS if not callable(vars(module).get(b))]
+        return f"{self.target} lacks {', '.join(missing)}" if missing else None
+
+    def _apply(self, module: ModuleType, options: Options) -> None:
+        self.record.wrap(module, "_basic_subprocess_cmd", _basic)
+        self.record.wrap(module, "_hydra_subprocess_cmd", _hydra)
+
+
+def _basic(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    from ..train.ranks import child_command
+
+    return child_command(wrapped(*args, **kwargs))
+
+
+def _hydra(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    from ..train.ranks import child_command
+
+    command, cwd = wrapped(*args, **kwargs)
+    return child_command(command), cwd
