@@ -74,6 +74,11 @@ class LightningTrainerPatch(Patch):
         self.record.replace(Trainer, "__init__", __init__)
         self.record.replace(Trainer, "compile", staticmethod(compile_for(pl)))
         self.record.wrap(Trainer, "fit", _noting_fit)
+        # issue 33: a loader Lightning's own loop iterates may hand its tensor tail to the device
+        from ..train import device_tail
+        self.record.wrap(Trainer, "_run_stage", device_tail.running)
+        fetchers = importlib.import_module(f"{self.target}.loops.fetchers")
+        self.record.wrap(fetchers._DataFetcher, "__iter__", device_tail.iterating)
 
     def _revert(self) -> None:
         while self._registered:
