@@ -158,13 +158,12 @@ class _TensorTail:
         """The steps before the tail (``spec``, a ``data.device_tail.TailSpec``), then the uint8 image the tail
         starts from, with the erasers' draws: ``data/device_tail.py`` finishes the batch."""
         import torch
+        from PIL import Image
         from torchvision.transforms import functional as F1
 
         from ..data import device_tail
         from ..vision import plan
         from ..vision.image import FastImage
-
-        from PIL import Image
 
         for t in items[:spec.start]:
             planned = plan.run_v2_policy(t, x) if isinstance(x, FastImage) else None
