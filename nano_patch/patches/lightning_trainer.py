@@ -79,6 +79,7 @@ class LightningTrainerPatch(Patch):
         self.record.wrap(Trainer, "_run_stage", device_tail.running)
         fetchers = importlib.import_module(f"{self.target}.loops.fetchers")
         self.record.wrap(fetchers._DataFetcher, "__iter__", device_tail.iterating)
+        self.record.wrap(fetchers._DataFetcher, "__next__", device_tail.iterating)  # loaders started lazily
 
     def _revert(self) -> None:
         while self._registered:
