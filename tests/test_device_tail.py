@@ -82,8 +82,8 @@ def test_every_tail_after_a_simulated_transfer_is_stock(image_folder, monkeypatc
     _assert_same(stock, _deferred_then_moved(ds, 2, monkeypatch))
 
 
-@pytest.mark.parametrize("erase", [None, "random"])
-@pytest.mark.parametrize("kind", ["v1", "v2-image"])
+@pytest.mark.parametrize(("kind", "erase"), [("v1", "random"), ("timm", None), ("v2-image", None),
+                                            ("v2-image", "random")])
 def test_not_deferred_the_workers_still_carry_uint8_and_the_batch_is_stock(image_folder, kind, erase):
     """Item 4: outside a Trainer the workers send uint8 (RandomErasing's draws with them), the main process
     finishes the batch: stock's float batch, a quarter of the bytes through shared memory."""
