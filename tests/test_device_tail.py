@@ -201,7 +201,8 @@ def counting(monkeypatch, tmp_path):
 
 
 def _reasons(deferred: bool) -> list[str]:
-    return [r for (p, fast, r) in report.stats.counts if p == "device_tail" and fast == deferred]
+    return [r for (p, fast, r) in report.stats.counts
+            if p == "dataloader" and fast == deferred and r.startswith("device tail, ")]
 
 
 def _stock_fit(L, ds, workers=2, **overrides):

@@ -117,5 +117,6 @@ def decide(loader: Any, spec: Any, workers: bool) -> tuple[bool, str]:
     if why is None:
         why = f"{spec.describe()} runs on the device after the transfer (uint8 batches)"
     if report.stats is not None and (spec is not None or getattr(_local, "fetching", None) is not None):
-        report.stats.count("device_tail", deferred, f"{name}: {why}")
+        # under the dataloader patch's row of the run report: per loader, deferred or not, and why
+        report.stats.count("dataloader", deferred, f"device tail, {name}: {why}")
     return deferred, why
