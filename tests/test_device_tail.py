@@ -118,10 +118,12 @@ def test_erasing_values_and_rectangles_drawn_from_stocks_generators(image_folder
     torch.manual_seed(0)
     batches = list(DataLoader(ds, batch_size=4, num_workers=1))
     erased = [e for b in batches for sample in b[0].erasures for e in sample]
-    assert len(erased) == len(ds) and all(e.v.shape == (3, e.h, e.w) and e.v.dtype == torch.float32 for e in erased)
+    assert len(erased) == len(ds) and all(e.shape == (3, e.h, e.w) for e in erased)
     for (a, _), b in zip(stock, batches):
+        assert b[0].values.dtype == torch.float32  # one flat tensor of values per batch crossed the queue
         for n, (e,) in enumerate(b[0].erasures):  # the erased rectangle holds exactly the drawn values
-            assert torch.equal(a[n, :, e.i:e.i + e.h, e.j:e.j + e.w], e.v)
+            v = b[0].values[e.at:e.at + 3 * e.h * e.w].view(e.shape)
+            assert torch.equal(a[n, :, e.i:e.i + e.h, e.j:e.j + e.w], v)
     _assert_same(stock, [[b[0].to("cpu"), b[1]] for b in batches])
 
 

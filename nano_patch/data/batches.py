@@ -77,7 +77,7 @@ def mark_worker_dataset(dataset: Any) -> None:
         pipeline.emit_uint8(found[0])
 
 
-def to_float(images: Any, spec: TailSpec, erasures: Any = None) -> Any:
+def to_float(images: Any, spec: TailSpec, erased: Any = None) -> Any:
     """A uint8 N x C x H x W batch as stock's tail would have made it, image by image, on the CPU."""
     import torch
 
@@ -85,7 +85,9 @@ def to_float(images: Any, spec: TailSpec, erasures: Any = None) -> Any:
     # too, so the float batch is born pinned and `.to("cuda", non_blocking=True)` stays asynchronous.
     out = torch.empty(images.shape, dtype=torch.float32, memory_format=memory_format(images, spec),
                       pin_memory=bool(images.is_pinned()))
-    return apply_tail(images, spec, erasures, out=out)
+    if erased is None:
+        return apply_tail(images, spec, out=out)
+    return apply_tail(images, spec, erased.erasures, out=out, values=erased.values)
 
 
 def finish(batch: Any, spec: TailSpec, defer: bool = False) -> tuple[Any, int]:
@@ -94,8 +96,11 @@ def finish(batch: Any, spec: TailSpec, defer: bool = False) -> tuple[Any, int]:
     found = split_batch(batch)
     if found is None:
         return batch, 0
-    images, erasures, rebuild = found
-    done = DeferredImages(images, spec, erasures) if defer else to_float(images, spec, erasures)
+    images, erased, rebuild = found
+    if defer:
+        done = DeferredImages(images, spec, *((erased.erasures, erased.values) if erased is not None else ()))
+    else:
+        done = to_float(images, spec, erased)
     return rebuild(done), images.nbytes
 
 

@@ -22,6 +22,7 @@ is not ``x / 255``; so the divisors here are always tensors on the batch's devic
 
 from __future__ import annotations
 
+import math
 import sys
 import weakref
 from collections.abc import Callable
@@ -135,7 +136,11 @@ class Erasure:
     j: int
     h: int
     w: int
-    v: Any  # float32 tensor, C x h x w (random) or K x 1 x 1 (the value)
+    #: float32 tensor, C x h x w (random) or K x 1 x 1 (the value); None once collated: then ``values[at:...]``
+    #: of the batch, in ``shape`` (one tensor per batch crosses the worker queue, not one per sample)
+    v: Any
+    at: int = 0
+    shape: tuple[int, ...] = ()
 
 
 @dataclass
@@ -152,16 +157,34 @@ class ErasedBatch:
 
     images: Any
     erasures: list[list[Erasure | None]]
+    #: every erasure's values, flat, in order (float32), or None
+    values: Any = None
 
     def pin_memory(self, device: Any = None) -> ErasedBatch:  # the loader's pin thread calls it
-        return ErasedBatch(self.images.pin_memory(), self.erasures)
+        return ErasedBatch(self.images.pin_memory(), self.erasures, self.values)
 
 
 def collate_erased(batch: list[ErasedImage], *, collate_fn_map: Any = None) -> ErasedBatch:
-    """``default_collate`` for :class:`ErasedImage`: the images as stock stacks tensors, the draws listed."""
+    """``default_collate`` for :class:`ErasedImage`: the images as stock stacks tensors, the draws listed, their
+    values in one flat tensor."""
+    import torch
     from torch.utils.data._utils.collate import collate_tensor_fn
 
-    return ErasedBatch(collate_tensor_fn([s.image for s in batch]), [s.erasures for s in batch])
+    flat: list[Any] = []
+    at = 0
+    rows: list[list[Erasure | None]] = []
+    for sample in batch:
+        row: list[Erasure | None] = []
+        for e in sample.erasures:
+            if e is None:
+                row.append(None)
+                continue
+            v = e.v.to(torch.float32)  # what the assignment into the float32 image makes of it (already float32)
+            flat.append(v.reshape(-1))
+            row.append(Erasure(e.i, e.j, e.h, e.w, None, at, tuple(v.shape)))
+            at += v.numel()
+        rows.append(row)
+    return ErasedBatch(collate_tensor_fn([s.image for s in batch]), rows, torch.cat(flat) if flat else None)
 
 
 def register_collate() -> None:
@@ -249,7 +272,7 @@ def memory_format(images: Any, spec: TailSpec) -> Any:
 
 
 def apply_tail(images: Any, spec: TailSpec, erasures: list[list[Erasure | None]] | None = None,
-               out: Any = None) -> Any:
+               out: Any = None, values: Any = None) -> Any:
     """The float32 N x C x H x W batch stock makes from these uint8 images: its operations, in its order,
     on ``images``' device (``out``: where to write it, else a new tensor)."""
     import torch
@@ -267,26 +290,28 @@ def apply_tail(images: Any, spec: TailSpec, erasures: list[list[Erasure | None]]
         out.sub_(torch.tensor(spec.mean, dtype=torch.float32, device=device).view(-1, 1, 1))
         out.div_(torch.tensor(spec.std, dtype=torch.float32, device=device).view(-1, 1, 1))
     if erasures:
-        _erase(out, erasures)
+        _erase(out, erasures, values)
     return out
 
 
-def _erase(out: Any, erasures: list[list[Erasure | None]]) -> None:
+def _erase(out: Any, erasures: list[list[Erasure | None]], values: Any = None) -> None:
     """Each sample's erasures, in order; the values cross to the device in one copy."""
     import torch
 
     drawn = [(n, e) for n, sample in enumerate(erasures) for e in sample if e is not None]
     if not drawn:
         return
-    values = [e.v.to(torch.float32) for _, e in drawn]
-    if out.device.type != "cpu":
-        flat = torch.cat([v.reshape(-1) for v in values]).to(out.device)
-        moved, at = [], 0
-        for v in values:
-            moved.append(flat[at:at + v.numel()].view(v.shape))
+    if values is None:  # not collated by collate_erased: the values, flat, here
+        flat, at, placed = [], 0, []
+        for n, e in drawn:
+            v = e.v.to(torch.float32)
+            flat.append(v.reshape(-1))
+            placed.append((n, Erasure(e.i, e.j, e.h, e.w, None, at, tuple(v.shape))))
             at += v.numel()
-        values = moved
-    for (n, e), v in zip(drawn, values):
+        drawn, values = placed, torch.cat(flat)
+    values = values.to(out.device)
+    for n, e in drawn:
+        v = values[e.at:e.at + math.prod(e.shape)].view(e.shape)
         out[n, :, e.i:e.i + e.h, e.j:e.j + e.w] = v
 
 
@@ -297,18 +322,19 @@ class DeferredImages:
     defers only where no user hook runs before the transfer, ``train/device_tail.py``).
     """
 
-    __slots__ = ("images", "spec", "erasures")
+    __slots__ = ("images", "spec", "erasures", "values")
 
-    def __init__(self, images: Any, spec: TailSpec, erasures: list[list[Erasure | None]] | None = None) -> None:
-        self.images, self.spec, self.erasures = images, spec, erasures
+    def __init__(self, images: Any, spec: TailSpec, erasures: list[list[Erasure | None]] | None = None,
+                 values: Any = None) -> None:
+        self.images, self.spec, self.erasures, self.values = images, spec, erasures, values
 
     def to(self, device: Any, *args: Any, **kwargs: Any) -> Any:
         # pinned (pin_memory=True): asynchronous, as Lightning moves stock's pinned float batch
         moved = self.images.to(device, non_blocking=bool(self.images.is_pinned()))
-        return apply_tail(moved, self.spec, self.erasures)
+        return apply_tail(moved, self.spec, self.erasures, values=self.values)
 
     def pin_memory(self, device: Any = None) -> DeferredImages:
-        return DeferredImages(self.images.pin_memory(), self.spec, self.erasures)
+        return DeferredImages(self.images.pin_memory(), self.spec, self.erasures, self.values)
 
     @property
     def nbytes(self) -> int:
@@ -318,9 +344,9 @@ class DeferredImages:
         return f"DeferredImages({tuple(self.images.shape)} uint8, tail {self.spec.describe()})"
 
 
-def split_batch(batch: Any) -> tuple[Any, list[list[Erasure | None]] | None, Callable[[Any], Any]] | None:
-    """A recognised ``[images, labels...]`` batch: its uint8 images, their erasures, and how to rebuild the batch
-    with the images replaced; None for any other batch (left as it is)."""
+def split_batch(batch: Any) -> tuple[Any, ErasedBatch | None, Callable[[Any], Any]] | None:
+    """A recognised ``[images, labels...]`` batch: its uint8 images, their erasures (an :class:`ErasedBatch`, or
+    None), and how to rebuild the batch with the images replaced; None for any other batch (left as it is)."""
     import torch
 
     def is_u8(t: Any) -> bool:
@@ -329,7 +355,7 @@ def split_batch(batch: Any) -> tuple[Any, list[list[Erasure | None]] | None, Cal
     if isinstance(batch, (list, tuple)) and batch:
         first = batch[0]
         if isinstance(first, ErasedBatch) and is_u8(first.images):
-            images, erasures = first.images, first.erasures
+            images, erasures = first.images, first
         elif is_u8(first):
             images, erasures = first, None
         else:
