@@ -307,7 +307,7 @@ def chart_cpu(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.4))
     modes, workers = result["modes"], result["workers"]
     width = 0.8 / len(modes)
     for i, mode in enumerate(modes):
@@ -319,7 +319,7 @@ def chart_cpu(result: dict, path: Path) -> None:
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(workers))], [f"{w} workers" for w in workers])
         ax.legend(fontsize=7)
     ax1.set_ylabel("loader images / s (median)")
-    ax2.set_ylabel("MiB per batch written on the host (queue + pinned copy + float)")
+    ax2.set_ylabel("MiB per batch written on the host")
     fig.suptitle(f"Pipeline {result['pipeline']}, batch {result['batch']}: the tensor tail on the CPU or deferred\n"
                  f"{result['machine']}", fontsize=9)
     fig.tight_layout()
