@@ -263,7 +263,7 @@ def test_a_pinned_uint8_batch_becomes_a_pinned_float_batch(monkeypatch):
 
     Pinning needs CUDA, which this machine lacks: the pinned state and the allocation are observed instead.
     """
-    from nano_patch.data.batches import BatchSpec, to_float
+    from nano_patch.data.batches import TailSpec, to_float
 
     images = torch.arange(2 * 3 * 4 * 4, dtype=torch.uint8).view(2, 3, 4, 4)
     asked = []
@@ -274,7 +274,7 @@ def test_a_pinned_uint8_batch_becomes_a_pinned_float_batch(monkeypatch):
         return real_empty(*args, **kwargs)
 
     monkeypatch.setattr(torch, "empty", empty)
-    spec = BatchSpec(tuple(MEAN), tuple(STD))
+    spec = TailSpec(mean=tuple(MEAN), std=tuple(STD))
     for pinned in (False, True):
         monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self, p=pinned: p)
         out = to_float(images, spec)

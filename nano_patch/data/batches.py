@@ -1,31 +1,26 @@
-"""uint8 batches: workers hand back uint8 images, the main process converts whole batches to float.
+"""uint8 batches: workers hand back uint8 images, the batch is finished as a whole, in the main process or on the
+device.
 
-A dataset qualifies when its transform is a stock ``Compose`` ending in ``ToTensor`` (optionally
-followed by ``Normalize``) and its images come from the stock RGB loader. In each worker, that
-``Compose`` (the worker's own copy) stops before the tail and returns a uint8 CHW tensor: a quarter
-of the bytes of float32 through shared memory. After collation, the main process does ``/255`` and
-``Normalize``'s ``sub_``/``div_`` on the whole batch, the very operations stock does per image, so the
-values are equal. ``dataset[i]`` in the main process is untouched.
+A dataset qualifies when its transform is a stock ``Compose`` (v1 or v2) ending in the tensor tail
+(``data/device_tail.py``: ``ToTensor``/``MaybeToTensor`` or ``ToImage``/``PILToTensor`` + ``ToDtype``, optionally
+``Normalize``, optionally ``RandomErasing``) and its images come from the stock RGB loader. In each worker, that
+``Compose`` (the worker's own copy) stops before the tail and returns a uint8 CHW tensor (with the erasers' draws):
+a quarter of the bytes of float32 through shared memory. After collation, the main process makes the tail's
+operations on the whole batch, the very operations stock makes per image, so the values are equal; or, where the
+Trainer defers the tail (``train/device_tail.py``), hands the uint8 batch on as a :class:`DeferredImages` that
+Lightning's transfer finishes on the device. ``dataset[i]`` in the main process is untouched.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
+
+from .device_tail import DeferredImages, TailSpec, apply_tail, find_tail, memory_format, register_collate, split_batch
 
 #: Built-in datasets whose ``__getitem__`` the vision patch routes through the RGB loader.
 _ADAPTED = ("Flowers102", "Food101", "DTD", "StanfordCars", "OxfordIIITPet")
-
-
-@dataclass(frozen=True)
-class BatchSpec:
-    """How to finish a uint8 image batch: the Normalize constants, and the memory format."""
-
-    mean: tuple[float, ...] | None
-    std: tuple[float, ...] | None
-    channels_last: bool = False
 
 
 def _root_dataset(dataset: Any) -> Any:
@@ -55,7 +50,7 @@ def _inherits_getitem(cls: type, base: type) -> bool:
     return False
 
 
-def uint8_transform(dataset: Any) -> tuple[Any, BatchSpec] | None:
+def uint8_transform(dataset: Any) -> tuple[Any, TailSpec] | None:
     """The dataset's ``Compose`` and how to finish its batches, if the dataset qualifies; else None."""
     from ..vision import pipeline
 
@@ -65,23 +60,10 @@ def uint8_transform(dataset: Any) -> tuple[Any, BatchSpec] | None:
     compose = getattr(dataset, "transform", None)
     if compose is None or not _rgb_loading(dataset):
         return None
-    tail = pipeline.tensor_tail(compose)
-    if tail is None:
+    if not pipeline.splits_tail(compose):
         return None
-    normalize = tail[1] if len(tail) == 2 else None
-    if normalize is None:
-        return compose, BatchSpec(None, None)
-    mean, std = _floats(normalize.mean), _floats(normalize.std)
-    if mean is None or std is None or 0.0 in std:
-        return None  # stock raises for std 0, or broadcasts odd shapes: leave it to stock
-    return compose, BatchSpec(mean, std)
-
-
-def _floats(value: Any) -> tuple[float, ...] | None:
-    try:
-        return tuple(float(v) for v in value)
-    except (TypeError, ValueError):
-        return None
+    spec = find_tail(compose)
+    return None if spec is None else (compose, spec)
 
 
 def mark_worker_dataset(dataset: Any) -> None:
@@ -90,54 +72,59 @@ def mark_worker_dataset(dataset: Any) -> None:
 
     found = uint8_transform(dataset)
     if found is not None:
+        if found[1].erasers:
+            register_collate()
         pipeline.emit_uint8(found[0])
 
 
-def to_float(images: Any, spec: BatchSpec) -> Any:
-    """A uint8 N x C x H x W batch as stock ``ToTensor`` (+ ``Normalize``) would have made it, image by image."""
+def to_float(images: Any, spec: TailSpec, erased: Any = None) -> Any:
+    """A uint8 N x C x H x W batch as stock's tail would have made it, image by image, on the CPU."""
     import torch
 
-    fmt = torch.channels_last if spec.channels_last else torch.contiguous_format
     # With pin_memory the loader pinned the uint8 batch; stock's float batch would have been pinned
     # too, so the float batch is born pinned and `.to("cuda", non_blocking=True)` stays asynchronous.
-    out = torch.empty(images.shape, dtype=torch.get_default_dtype(), memory_format=fmt,
+    out = torch.empty(images.shape, dtype=torch.float32, memory_format=memory_format(images, spec),
                       pin_memory=bool(images.is_pinned()))
-    out.copy_(images)
-    out.div_(255)
-    if spec.mean is not None and spec.std is not None:
-        mean = torch.as_tensor(spec.mean, dtype=out.dtype).view(1, -1, 1, 1)
-        std = torch.as_tensor(spec.std, dtype=out.dtype).view(1, -1, 1, 1)
-        out.sub_(mean).div_(std)
-    return out
+    if erased is None:
+        return apply_tail(images, spec, out=out)
+    return apply_tail(images, spec, erased.erasures, out=out, values=erased.values)
 
 
-def finish(batch: Any, spec: BatchSpec) -> tuple[Any, int]:
-    """Convert the image slot of a collated batch; also return the bytes that crossed from the workers."""
-    import torch
-
-    def is_u8(t: Any) -> bool:
-        return isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 4
-
-    if isinstance(batch, (list, tuple)) and batch and is_u8(batch[0]):
-        nbytes = batch[0].nbytes
-        items = [to_float(batch[0], spec), *batch[1:]]
-        return (type(batch)(items) if not hasattr(batch, "_fields") else type(batch)(*items)), nbytes
-    if is_u8(batch):
-        return to_float(batch, spec), batch.nbytes
-    return batch, 0
+def finish(batch: Any, spec: TailSpec, defer: bool = False) -> tuple[Any, int]:
+    """Finish the image slot of a collated batch (on the CPU, or ``defer``: as a :class:`DeferredImages` for the
+    transfer to finish); also return the bytes that crossed from the workers."""
+    found = split_batch(batch)
+    if found is None:
+        return batch, 0
+    images, erased, rebuild = found
+    if defer:
+        done = DeferredImages(images, spec, *((erased.erasures, erased.values) if erased is not None else ()))
+    else:
+        done = to_float(images, spec, erased)
+    return rebuild(done), images.nbytes
 
 
 class Uint8Batches(Iterator[Any]):
-    """Wraps a DataLoader iterator and finishes each uint8 batch in the main process."""
+    """Wraps a DataLoader iterator and finishes each uint8 batch (in the main process, or ``defer``: after the
+    transfer). ``here``: a Compose to stop before its tail in this thread while a batch loads (``num_workers=0``)."""
 
-    def __init__(self, iterator: Any, spec: BatchSpec) -> None:
+    def __init__(self, iterator: Any, spec: TailSpec, defer: bool = False, here: Any = None) -> None:
         self._iterator = iterator
         self._spec = spec
+        self._defer = defer
+        self._here = here
         #: image bytes the last batch carried from the workers (uint8), for benchmarks.
         self.last_image_bytes = 0
 
     def __next__(self) -> Any:
-        batch, self.last_image_bytes = finish(next(self._iterator), self._spec)
+        if self._here is None:
+            raw = next(self._iterator)
+        else:
+            from ..vision import pipeline
+
+            with pipeline.uint8_here(self._here):
+                raw = next(self._iterator)
+        batch, self.last_image_bytes = finish(raw, self._spec, self._defer)
         return batch
 
     def __iter__(self) -> Uint8Batches:

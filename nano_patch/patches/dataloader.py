@@ -50,9 +50,10 @@ class DataLoaderPatch(Patch):
 
         def init(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             result = wrapped(*args, **kwargs)  # stock's own arguments, errors and defaults
-            spec, why = None, "num_workers=0: nothing crosses processes"
-            if instance.num_workers > 0:
-                spec, why = _uint8_spec(instance, options)
+            spec, why = _uint8_spec(instance, options)
+            instance._nano_tail = spec  # the tail a Trainer may defer to the device (train/device_tail.py)
+            if instance.num_workers == 0:
+                spec, why = None, "num_workers=0: nothing crosses processes"
             if options.vision and instance.dataset is not None:
                 _prepare_cache(instance.dataset)
             instance._nano_uint8, instance._nano_uint8_why = spec, why
@@ -60,6 +61,7 @@ class DataLoaderPatch(Patch):
 
         def iter_(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             from ..data import workers
+            from ..train import device_tail
 
             spec = getattr(instance, "_nano_uint8", None)
             if instance.num_workers > 0:
@@ -74,8 +76,14 @@ class DataLoaderPatch(Patch):
                         instance.worker_init_fn = user_fn
             else:
                 iterator = loader_iterator = wrapped(*args, **kwargs)
+            tail = getattr(instance, "_nano_tail", None)
+            defer, _ = device_tail.decide(instance, tail, instance.num_workers > 0)
+            if defer and spec is None:  # num_workers=0: this thread's draws stop before the tail
+                spec, here = tail, batches.uint8_transform(instance.dataset)[0]
+            else:
+                here = None
             if spec is not None:
-                iterator = batches.Uint8Batches(iterator, spec)
+                iterator = batches.Uint8Batches(iterator, spec, defer=defer, here=here)
             if report.stats is not None:
                 if instance.num_workers > 0:  # without workers nothing crosses processes: no path to count
                     why = getattr(instance, "_nano_uint8_why", "")
@@ -83,7 +91,7 @@ class DataLoaderPatch(Patch):
                 iterator = report.TimedBatches(iterator, instance.num_workers, loader_iterator)
             return iterator
 
-        def _uint8_spec(loader: Any, opts: Options) -> tuple[batches.BatchSpec | None, str]:
+        def _uint8_spec(loader: Any, opts: Options) -> tuple[batches.TailSpec | None, str]:
             if not opts.uint8_batches:
                 return None, "uint8_batches is off: float batches"
             if loader.batch_sampler is None:
@@ -93,8 +101,8 @@ class DataLoaderPatch(Patch):
                 return None, "the loader's own collate_fn: float batches"
             found = batches.uint8_transform(loader.dataset)
             if found is None:
-                return None, ("the dataset is not an image folder with a stock Compose ending in ToTensor "
-                              "(and Normalize): float batches")
+                return None, ("the dataset is not an image folder with a stock Compose ending in the tensor tail "
+                              "(ToTensor or ToImage + ToDtype, then Normalize, RandomErasing): float batches")
             return dataclasses.replace(found[1], channels_last=opts.channels_last), "uint8 batches"
 
         def _prepare_cache(dataset: Any) -> None:

@@ -57,6 +57,9 @@ class VisionTransformsV2Patch(Patch):
                     return wrapped(*args)
                 x = fast(args[0])
                 items = list(instance.transforms)
+                uint8 = pipeline.uint8_tail(instance)  # a DataLoader that finishes the tail itself (issue 33)
+                if uint8 is not None and isinstance(x, FastImage):
+                    return tail.uint8_sample(instance, uint8, items, x)
                 for i, t in enumerate(items):
                     fused = tail.run(items[i:], x)
                     if fused is not None:
@@ -73,6 +76,12 @@ class VisionTransformsV2Patch(Patch):
             return tree_unflatten([plain(x) for x in flat_out], spec_out)
 
         self.record.wrap(module.Compose, "forward", forward)
+        pipeline.configure_v2(module.Compose)
+
+    def _revert(self) -> None:
+        from ..vision import pipeline
+
+        pipeline.configure_v2(None)
 
 
 def _fill_for_fast_images(original: Any) -> Any:
@@ -144,6 +153,30 @@ class _TensorTail:
         else:
             out = K.planes_through_tables(planes(), table)
         return out if out_type is None else out_type(out)
+
+    def uint8_sample(self, compose: Any, spec: Any, items: list[Any], x: Any) -> Any:
+        """The steps before the tail (``spec``, a ``data.device_tail.TailSpec``), then the uint8 image the tail
+        starts from, with the erasers' draws: ``data/device_tail.py`` finishes the batch."""
+        import torch
+        from PIL import Image
+        from torchvision.transforms import functional as F1
+
+        from ..data import device_tail
+        from ..vision import plan
+        from ..vision.image import FastImage
+
+        for t in items[:spec.start]:
+            planned = plan.run_v2_policy(t, x) if isinstance(x, FastImage) else None
+            x = t(x) if planned is None else planned
+        if not isinstance(x, Image.Image):  # not an image at the tail: stock's steps, stock's float sample
+            for t in items[spec.start:]:
+                x = t(x)
+            return x
+        if spec.scale == device_tail.V2_MUL:
+            image = items[spec.start](x).as_subclass(torch.Tensor)  # stock's ToImage/PILToTensor: its strides
+        else:
+            image = F1.pil_to_tensor(x)
+        return device_tail.uint8_sample(compose, spec, image)
 
     def _key(self, rest: list[Any], channels: int, probe_type: Any) -> tuple[Any, ...] | None:
         import torch

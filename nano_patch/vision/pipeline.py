@@ -8,7 +8,10 @@ The patched ``Compose.__call__`` and the dataset patch hand a PIL ``RGB``/``L`` 
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 from PIL import Image
@@ -20,6 +23,10 @@ _normalize_cls: type | None = None
 _compose_cls: type | None = None
 #: Compose objects (a DataLoader worker's own copies) that end in a uint8 tensor instead of ToTensor.
 _uint8_out: weakref.WeakSet[Any] = weakref.WeakSet()
+#: v2's Compose, where the v2 patch is on (its pipelines split their tensor tail too)
+_v2_compose_cls: type | None = None
+#: The Compose objects this thread stops before their tail while a batch loads (``num_workers=0``, tail deferred).
+_here = threading.local()
 
 
 def configure(transforms: Any) -> None:
@@ -57,6 +64,40 @@ def emit_uint8(compose: Any) -> None:
     _uint8_out.add(compose)
 
 
+def configure_v2(compose_cls: type | None) -> None:
+    """v2's ``Compose`` class while the v2 patch is on (None: off)."""
+    global _v2_compose_cls
+    _v2_compose_cls = compose_cls
+
+
+def splits_tail(compose: Any) -> bool:
+    """``compose`` is a stock Compose (v1, or v2 under its patch) whose plan can stop before a tensor tail."""
+    if _compose_cls is None:
+        return False
+    return behaves_as(compose, _compose_cls) or (
+        _v2_compose_cls is not None and behaves_as(compose, _v2_compose_cls))
+
+
+@contextlib.contextmanager
+def uint8_here(compose: Any) -> Iterator[None]:
+    """While this runs, ``compose`` stops before its tail in this thread (the draw step of a batch)."""
+    previous = getattr(_here, "compose", None)
+    _here.compose = compose
+    try:
+        yield
+    finally:
+        _here.compose = previous
+
+
+def uint8_tail(compose: Any) -> Any:
+    """The tail ``compose`` stops before here (a ``data.device_tail.TailSpec``), or None: it runs whole."""
+    if not ((_uint8_out and compose in _uint8_out) or getattr(_here, "compose", None) is compose):
+        return None
+    from ..data import device_tail
+
+    return device_tail.find_tail(compose)
+
+
 def behaves_as(t: Any, base: type) -> bool:
     """``t`` is a ``base``, and no class between its own and ``base`` overrides ``__call__`` or ``forward``."""
     for klass in type(t).__mro__:
@@ -75,5 +116,14 @@ def takes(img: Any) -> bool:
 def run_compose(compose: Any, img: Any, *, skip: int = 0) -> Any:
     """Run ``compose`` on ``img`` (a PIL image, or the plan's ``Pixels``) by its plan; ``skip``: leading
     steps already applied."""
-    uint8 = bool(_uint8_out) and compose in _uint8_out and tensor_tail(compose) is not None
-    return plan.run(compose, img, skip=skip, uint8_tail=uint8)
+    spec = uint8_tail(compose)
+    if spec is None:
+        return plan.run(compose, img, skip=skip)
+    if not spec.erasers:
+        return plan.run(compose, img, skip=skip, uint8_tail=True)
+    from ..data import device_tail
+
+    out = plan.run(device_tail.prefix_compose(compose, spec), img, skip=skip, uint8_tail=True)
+    if isinstance(out, plan.Recording):  # the erasers' draws belong to the draw step: not deferred there
+        raise plan.NotSplittable("RandomErasing after a tail left to the device")
+    return device_tail.uint8_sample(compose, spec, out)
