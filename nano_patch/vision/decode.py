@@ -11,10 +11,12 @@ and PIL's own open of the bytes where the header carries EXIF or MPF data, whose
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -89,6 +91,47 @@ def _plain_open(data: bytes) -> bool:
     return False
 
 
+#: Per thread: the file whose open stage already ran for the sample being loaded (see :func:`reusing_open`).
+_reused = threading.local()
+
+
+@contextlib.contextmanager
+def reusing_open(path: Any, data: bytes | None, array: np.ndarray | None = None) -> Iterator[None]:
+    """While a sample is loaded again one by one in this thread: ``path``'s open stage (PIL's warnings and guards)
+    already ran, on ``data``, and ``array`` is its decode where one was made, so none of it is run again."""
+    previous = getattr(_reused, "entry", None)
+    _reused.entry = (os.fspath(path), data, array)
+    try:
+        yield
+    finally:
+        _reused.entry = previous
+
+
+def _reuse(path: Any) -> tuple[str, bytes | None, np.ndarray | None] | None:
+    entry = getattr(_reused, "entry", None)
+    if entry is None:
+        return None
+    try:
+        return entry if entry[0] == os.fspath(path) else None
+    except TypeError:
+        return None
+
+
+def open_stage_ran(path: Any) -> bool:
+    """Whether ``path``'s open stage already ran for the sample this thread is loading (:func:`reusing_open`)."""
+    return _reuse(path) is not None
+
+
+def looks_truncated(data: bytes) -> bool:
+    """A JPEG whose bytes end before its image does: no end-of-image marker after the first scan's start.
+
+    Stock's open of it succeeds and its decode raises (``image file is truncated``), before the transform draws;
+    the loader's threads leave such a file to stock's own code, so that nothing of it is run ahead.
+    """
+    sos = data.find(b"\xff\xda", 2)
+    return sos < 0 or data.rfind(b"\xff\xd9") < sos
+
+
 def check_open(data: bytes, height: int, width: int) -> bool:
     """Stock ``Image.open``'s checks on a JPEG about to be decoded by libjpeg-turbo, in this thread,
     before any pixel is allocated: its warnings and errors, same classes, same messages, same order.
@@ -98,6 +141,9 @@ def check_open(data: bytes, height: int, width: int) -> bool:
     False when that open fails otherwise: PIL then decodes the file and raises stock's error.
     A later decode of the same bytes is told ``checked=True``, so that nothing warns twice.
     """
+    entry = getattr(_reused, "entry", None)
+    if entry is not None and entry[1] is data:
+        return True  # its open stage ran for this sample already (reusing_open)
     if _plain_open(data):
         _bomb_check((width, height))
     else:
@@ -120,6 +166,9 @@ def _simplejpeg():
 
 
 def read_bytes(path: str | os.PathLike[str]) -> bytes:
+    reused = _reuse(path)
+    if reused is not None and reused[1] is not None:
+        return reused[1]
     with open(path, "rb") as f:
         return f.read()
 
@@ -168,6 +217,9 @@ def decode_rgb_reproducibly(
     is set (a damaged file then decodes to PIL's fill, where stock with the flag off raises). Only
     such decodes may go into the decoded-image cache.
     """
+    reused = _reuse(path)
+    if reused is not None and reused[2] is not None and min_size is None:
+        return reused[2], False  # decoded when its open stage ran (not stored again)
     data = read_bytes(path) if data is None else data
     size = jpeg_size(data)
     if size is not None and (checked or check_open(data, *size)):

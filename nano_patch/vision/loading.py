@@ -50,7 +50,8 @@ def cached(store: cache.Store, path: str | os.PathLike[str], native_mode: bool =
     if a is not None:
         # Stock opens the file each time, and PIL's size rule acts there: a limit lowered since the
         # image was stored must act on the hit (the entry is the full decode, so its shape is the size).
-        decode.check_size(a.shape[0], a.shape[1])
+        if not decode.open_stage_ran(path):
+            decode.check_size(a.shape[0], a.shape[1])
         if report.stats is not None:
             _count_hit(path, a, native_mode)
         return a
