@@ -20,11 +20,12 @@ from collections.abc import Callable
 from typing import Any
 
 #: class whose ``__getitem__`` a dataset patch wrapped -> its batch loader ``(dataset, indices) -> list | None``
-_routes: dict[type, Callable[[Any, list[Any]], list[Any] | None]] = {}
+#: (None: the class loads one by one)
+_routes: dict[type, Callable[[Any, list[Any]], list[Any] | None] | None] = {}
 _lock = threading.Lock()
 
 
-def register(cls: type, loader: Callable[[Any, list[Any]], list[Any] | None]) -> None:
+def register(cls: type, loader: Callable[[Any, list[Any]], list[Any] | None] | None) -> None:
     with _lock:
         _routes[cls] = loader
 
@@ -40,6 +41,16 @@ def _getitem_owner(cls: type) -> type | None:
         if "__getitem__" in vars(klass):
             return klass
     return None
+
+
+def patched_dataset(dataset: Any) -> bool:
+    """Whether ``dataset`` (or the dataset of the ``Subset`` chain it is) loads through a patched ``__getitem__``.
+    Decided from types alone: nothing of a user's class (its ``__getattr__``, its properties) runs."""
+    import torch.utils.data as data
+
+    while type(dataset) is data.Subset:
+        dataset = dataset.dataset
+    return _getitem_owner(type(dataset)) in _routes
 
 
 def _load_by_route(dataset: Any, indices: list[Any]) -> list[Any] | None:

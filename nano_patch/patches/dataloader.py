@@ -68,7 +68,8 @@ class DataLoaderPatch(Patch):
             spec, why = None, "num_workers=0: nothing crosses processes"
             if instance.num_workers > 0:
                 spec, why = _uint8_spec(instance, options)
-            if options.vision and instance.dataset is not None:
+            if options.vision and instance.dataset is not None and fetch.patched_dataset(instance.dataset):
+                # only datasets the patch loads: a user's class is never asked for attributes (its __getattr__)
                 _prepare_cache(instance.dataset)
             instance._nano_uint8, instance._nano_uint8_why = spec, why
             return result

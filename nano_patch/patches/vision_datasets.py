@@ -55,9 +55,8 @@ class VisionDatasetsPatch(Patch):
         fetch.register(folder.DatasetFolder, _batch_adapter(folder.DatasetFolder, _loader_batch(known), _folder_sample))
         for cls, (adapter, getitems) in builtin_adapters(module, known).items():
             self.record.wrap(cls, "__getitem__", adapter)
-            if getitems is not None:
-                fetch.register(cls, getitems)
-                self._routed.append(cls)
+            fetch.register(cls, getitems)  # None: a patched class that loads one by one
+            self._routed.append(cls)
 
     def _revert(self) -> None:
         from ..data import fetch

@@ -52,6 +52,8 @@ class Job:
     size: tuple[int, int] | None = None
     #: the decoded-image cache's key material, where a miss should be stored
     material: bytes | None = None
+    #: stock's ``Image.open(path).info``, where the sample can be an image (None where no image leaves the plan)
+    info: dict[Any, Any] | None = None
 
 
 @dataclass
@@ -176,12 +178,14 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
     """Load samples from ``k0`` into ``out``: draw as many as can be drawn ahead, render them, then take them in
     order; return the index to go on from."""
     from ..data import parallel, torch_state
+    from . import loading
 
     stats = report.stats
     store = cache.store_for(dataset)
     the_plan = plan.plan_for(transform) if transform is not None else None
     crop_window = the_plan is not None and the_plan.crop_first and native.available("crop_decode")
     beyond = _draws_beyond_torch(the_plan) or target_transform is not None
+    with_info = loading.needs_info(transform)
     start = time.perf_counter()
     jobs: list[Job] = []
     before: list[tuple[Any, Any, Any]] = []  # the generators before each sample's draws
@@ -191,6 +195,8 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
         states = _states(beyond)
         try:
             job = _source(path, store, crop_window)
+            if with_info:
+                job.info = decode.image_info(path, job.data)
         except _GuardRaised as raised:
             stop = _Stop(k, error=raised.error)
             break
@@ -264,7 +270,7 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
 
 def _one_reusing(one: Callable[[int], Any], k: int, job: Job) -> Any:
     """``one(k)``, its file's open stage not run again (it ran when ``job`` was made: PIL's warnings were given)."""
-    with decode.reusing_open(job.path, job.data, job.array if job.kind == ARRAY else None):
+    with decode.reusing_open(job.path, job.data, job.array if job.kind == ARRAY else None, job.info):
         return one(k)
 
 
@@ -316,7 +322,7 @@ def _source(path: Any, store: cache.Store | None, crop_window: bool) -> Job:
         # stock raises for it (or, with LOAD_TRUNCATED_IMAGES, decodes PIL's fill) before its draws: stock's own
         # code loads it, before its open stage has run here
         raise _OneByOne("a truncated JPEG")
-    if size is not None and not _guard(decode.check_open, data, *size):
+    if size is not None and not _guard(decode.check_open, data, *size, path):
         size = None  # PIL's open rejects the bytes: PIL decodes the file below and raises stock's error
     if size is None:
         # not a JPEG libjpeg-turbo takes like PIL: PIL decodes it now, in this thread, as one by one
@@ -335,6 +341,8 @@ def _render(job: Job) -> Rendered:
     decoded, reproducible, decode_s = None, False, 0.0
     if job.kind == JPEG_WINDOW:
         px: plan.Pixels = plan.JpegPixels(job.data, job.size, job.path)
+        if job.info:
+            px.info = job.info
     else:
         a = job.array
         if a is None:
@@ -344,8 +352,9 @@ def _render(job: Job) -> Rendered:
                 raise plan.RenderFailed("the decode's size is not the header's")
             decoded = a if job.material is not None else None
         if job.recording is None:
-            return Rendered(plain(FastImage.wrap(a)), decoded, reproducible, decode_s, time.perf_counter() - start)
-        px = plan.Pixels.of(FastImage.wrap(a))
+            return Rendered(plain(FastImage.wrap(a, job.info)), decoded, reproducible, decode_s,
+                            time.perf_counter() - start)
+        px = plan.Pixels.of(FastImage.wrap(a, job.info))
     sample = plain(plan.render(job.recording, px))
     return Rendered(sample, decoded, reproducible, decode_s, time.perf_counter() - start)
 
