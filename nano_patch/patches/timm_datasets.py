@@ -103,11 +103,12 @@ def _getitems(dataset_cls: type, reader_cls: type, reader_methods: dict[str, Any
                 target_transform = self.target_transform
 
                 def target_of(target: Any) -> Any:
-                    if target is None:
-                        return -1
-                    return target if target_transform is None else target_transform(target)
+                    return -1 if target is None else target_transform(target)
 
-                out = batch.load_samples(self, entries, self.transform, target_of, n_threads,
+                if target_transform is None:  # timm's -1 for none, no user code: mapped here
+                    entries = [(path, -1 if target is None else target) for path, target in entries]
+                out = batch.load_samples(self, entries, self.transform,
+                                         target_of if target_transform is not None else None, n_threads,
                                          lambda k: self[indices[k]])
                 if out is not None:
                     report.count(PATCH_NAME, True, "sample decoded and transformed through the patch")

@@ -501,6 +501,32 @@ def lightning_seed_everything(rec: Recorder, root: Path) -> None:
     epochs(rec, loader(folder(root, "plain", tf_crop()), batch_size=4, shuffle=True), 2)
 
 
+@case
+def lightning_wrappers(rec: Recorder, root: Path) -> None:
+    """Lightning re-creates a loader with its distributed sampler (``_update_dataloader``), records dataset
+    arguments while datasets are built (``_replace_dunder_methods``), and combines loaders (``CombinedLoader``)."""
+    try:
+        from lightning.fabric.utilities.data import _replace_dunder_methods, _update_dataloader
+        from lightning.pytorch.utilities import CombinedLoader
+    except ImportError:
+        rec.add("lightning not installed")
+        return
+    from torch.utils.data import Dataset, DistributedSampler
+
+    with _replace_dunder_methods(Dataset, "dataset"):
+        inner = folder(root, "plain", tf_crop())
+        b = folder(root, "tiny", tf_crop(40), target_transform=Counter("own"))
+    a = Wrap(inner)
+    dl = _update_dataloader(loader(a, batch_size=3), DistributedSampler(a, num_replicas=2, rank=1, seed=4))
+    epochs(rec, dl)
+    combined = CombinedLoader({"a": loader(b, batch_size=2), "b": loader(a, batch_size=4, shuffle=True)},
+                              "max_size_cycle")
+    for i, (batch, _, _) in enumerate(combined):
+        rec.add(f"combined {i}: {rec.value(batch)}")
+        rec.generators(f"combined {i}")
+    rec.add(b.target_transform.state())
+
+
 # --- the runner ---------------------------------------------------------------------------------------------------
 
 def run(mode: str, root: Path, names: list[str]) -> dict[str, list[str]]:
