@@ -1,22 +1,26 @@
 """Batch-parallel loading, exact: a batch's random draws in the calling thread, its pixels on the loader's threads.
 
-Torch's map-style fetcher calls ``dataset.__getitems__(indices)`` when a dataset has one; the dataset patches
-give the patched datasets one that comes here. For each batch:
+The DataLoader patch's fetch (``data/fetch.py``) hands a batch's indices to the patched dataset's batch loader
+where stock's fetcher would call that dataset's ``__getitem__`` per index; the loader comes here. For each run of
+samples of a batch:
 
-- **draw** (the calling thread, in stock's order): per sample, the image's size (the JPEG header, or the
-  decoded-image cache's entry), then the plan's run on a :class:`plan.Recording`: every draw of every step
-  exactly as stock's one-by-one loop makes it (torch's, Python's and NumPy's generators), and the pixel
-  operations written down; then the dataset's ``target_transform``.
-- **render** (``data/parallel.py``'s threads): per sample, the decode (whole, or only a crop's window) or the
-  cache's view, and the written-down operations, in order (``plan.render``). Draws nothing; the decoders and
-  kernels release the GIL.
-- **store** (the calling thread): cache misses go into the decoded-image cache, in sample order.
+- **draw** (the calling thread, in stock's order): per sample, the image's size (the JPEG header, with PIL's
+  guards, or the decoded-image cache's entry), then the plan's run on a :class:`plan.Recording`: every draw of
+  every step exactly as stock's one-by-one loop makes it (torch's, Python's and NumPy's generators), and the
+  pixel operations written down. No user code runs here; the generators' state before each sample is kept.
+- **render** (``data/parallel.py``'s threads, in the calling thread's torch state: ``data/torch_state.py``): per
+  sample, the decode (whole, or only a crop's window) or the cache's view, and the written-down operations, in
+  order (``plan.render``). Draws nothing; the decoders and kernels release the GIL.
+- **take** (the calling thread, sample by sample): the dataset's ``target_transform``, called with the
+  generators where stock has them after that sample's draws; then cache misses go into the decoded-image cache.
 
-What stock would have done differently (a file that fails to decode, a kernel that leaves an argument to
-stock) puts every generator back where the batch started and the batch is loaded one by one instead, so
-that the error, or the fallback, is stock's, at stock's point. A Compose whose steps need pixels while they
-draw (a transform the plan does not know, AugMix, a step after the tensor tail) is not split: its dataset
-keeps the one-by-one path, and the run report says why.
+A sample that needs stock's own code (a file that fails, a truncated JPEG, a step that needs pixels while it
+draws) is loaded one by one at its place, from stock's state before it, its open stage not run again, and the
+batch path resumes after it: every user callable runs as often as on stock, in stock's order relative to every
+draw; every warning is given once; an error comes at stock's sample with stock's generators. A
+``target_transform`` that changes a global generator makes that dataset load one by one from there on. A Compose
+whose steps need pixels while they draw (a transform the plan does not know, AugMix, a step after the tensor
+tail) is not split: its dataset keeps the one-by-one path, and the run report says why.
 """
 
 from __future__ import annotations
