@@ -1,7 +1,7 @@
 """The calling thread's torch state, entered on the loader's threads for one batch's renders.
 
 Torch keeps grad mode, inference mode, forward-mode AD, autocast (per device type: on or off, and its
-dtype) and autocast's cache per thread. Stock renders a sample in the thread that iterates the loader, so
+dtype where on) and autocast's cache per thread. Stock renders a sample in the thread that iterates the loader, so
 a render must see that thread's state: :func:`capture` reads it once per batch, :func:`entered` puts it on
 a pool thread for that batch and puts the thread's own back afterwards. Torch's dispatch-key sets, which
 these flags and any other per-thread switch end in, are compared after entering: where they differ (a
@@ -29,11 +29,12 @@ class TorchState:
     grad: bool
     inference: bool
     fwd_grad: bool
-    #: (device type, enabled, dtype) for every device type this torch has autocast for
+    #: (device type, enabled, dtype) for every device type this torch has autocast for; the dtype where autocast
+    #: is on for it (where it is off, no torch op reads it, and reading CUDA's costs ~20 us without a GPU)
     autocast: tuple[tuple[str, bool, Any], ...]
     autocast_cache: bool
-    #: the thread's dispatch-key include and exclude sets, as text: every per-thread switch ends in them
-    keys: tuple[str, str]
+    #: the thread's dispatch-key include and exclude sets: every per-thread switch ends in them
+    keys: tuple[Any, Any]
 
 
 def _autocast_devices() -> tuple[str, ...]:
@@ -55,7 +56,8 @@ def _autocast_devices() -> tuple[str, ...]:
     return _AUTOCAST_DEVICES
 
 
-def _read() -> TorchState:
+def _read(full: bool = False) -> TorchState:
+    """The thread's state (``full``: autocast's dtype also where autocast is off, to put a thread's own back)."""
     import torch
 
     C = torch._C
@@ -63,9 +65,10 @@ def _read() -> TorchState:
         grad=torch.is_grad_enabled(),
         inference=torch.is_inference_mode_enabled(),
         fwd_grad=C._is_fwd_grad_enabled(),
-        autocast=tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _autocast_devices()),
+        autocast=tuple((d, on, torch.get_autocast_dtype(d) if on or full else None)
+                       for d, on in ((d, torch.is_autocast_enabled(d)) for d in _autocast_devices())),
         autocast_cache=torch.is_autocast_cache_enabled(),
-        keys=(str(C._dispatch_tls_local_include_set()), str(C._dispatch_tls_local_exclude_set())),
+        keys=(C._dispatch_tls_local_include_set(), C._dispatch_tls_local_exclude_set()),
     )
 
 
@@ -79,15 +82,21 @@ def capture() -> TorchState | None:
     return _read()
 
 
-def _set_flags(state: TorchState) -> None:
+def _set_flags(state: TorchState, now: TorchState) -> None:
+    """Set the flags of ``state`` that differ from ``now`` (the thread's)."""
     import torch
 
-    torch._C._set_grad_enabled(state.grad)
-    torch._C._set_fwd_grad_enabled(state.fwd_grad)
-    for device, enabled, dtype in state.autocast:
-        torch.set_autocast_enabled(device, enabled)
-        torch.set_autocast_dtype(device, dtype)
-    torch.set_autocast_cache_enabled(state.autocast_cache)
+    if state.grad != now.grad:
+        torch._C._set_grad_enabled(state.grad)
+    if state.fwd_grad != now.fwd_grad:
+        torch._C._set_fwd_grad_enabled(state.fwd_grad)
+    for (device, enabled, dtype), (_, enabled_now, dtype_now) in zip(state.autocast, now.autocast):
+        if enabled != enabled_now:
+            torch.set_autocast_enabled(device, enabled)
+        if dtype is not None and dtype != dtype_now:
+            torch.set_autocast_dtype(device, dtype)
+    if state.autocast_cache != now.autocast_cache:
+        torch.set_autocast_cache_enabled(state.autocast_cache)
 
 
 @contextlib.contextmanager
@@ -96,11 +105,16 @@ def entered(state: TorchState) -> Iterator[None]:
     import torch
 
     own = _read()
+    if own == state:  # the usual case: both threads in torch's defaults
+        yield
+        return
+    own = _read(full=True)
     with contextlib.ExitStack() as stack:
         if state.inference != own.inference:
             stack.enter_context(torch.inference_mode(state.inference))
-        stack.callback(_set_flags, own)
-        _set_flags(state)
+        entering = _read()
+        stack.callback(lambda: _set_flags(own, _read()))
+        _set_flags(state, entering)
         now = _read()
         if now != state:
             raise NotEntered(f"{now} is not {state}")
