@@ -100,14 +100,15 @@ def _equal(stock, patched):
 def parallel_batches(monkeypatch):
     """Counts the batches that really rendered on more than one thread."""
     seen = []
-    real = parallel.map_in_order
+    real = parallel.map_outcomes
 
-    def counted(fn, items, n_threads):
-        if n_threads > 1:
-            seen.append(len(list(items)) if not isinstance(items, list) else len(items))
-        return real(fn, items, n_threads)
+    def counted(fn, items, n_threads, state=None):
+        items = list(items)
+        if n_threads > 1 and len(items) > 1:
+            seen.append(len(items))
+        return real(fn, items, n_threads, state)
 
-    monkeypatch.setattr(parallel, "map_in_order", counted)
+    monkeypatch.setattr(parallel, "map_outcomes", counted)
     return seen
 
 

@@ -57,8 +57,10 @@ def uint8_transform(dataset: Any) -> tuple[Any, TailSpec] | None:
     if not pipeline.active():
         return None
     dataset = _root_dataset(dataset)
+    if not _rgb_loading(dataset):  # first: a dataset of the user's own class is never asked for attributes
+        return None
     compose = getattr(dataset, "transform", None)
-    if compose is None or not _rgb_loading(dataset):
+    if compose is None:
         return None
     if not pipeline.splits_tail(compose):
         return None

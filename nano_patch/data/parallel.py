@@ -126,6 +126,49 @@ def map_in_order(fn: Callable[[T], R], items: Iterable[T], n_threads: int) -> li
     return results
 
 
+def map_outcomes(fn: Callable[[T], R], items: Iterable[T], n_threads: int,
+                 state: Any = None) -> list[tuple[bool, Any]]:
+    """``[(True, fn(x)) or (False, the exception fn(x) raised) for x in items]``, on ``n_threads`` threads as
+    :func:`map_in_order`, each item's outcome on its own (the caller decides, item by item, what a failure means).
+
+    ``state``: the calling thread's torch state (``data/torch_state.py``), entered on every other thread while it
+    works on these items; a thread that cannot enter it takes no item (the calling thread takes them), and None
+    (a state no other thread can hold) keeps every item in the calling thread.
+    """
+    from . import torch_state
+
+    items = list(items)
+    outcomes: list[tuple[bool, Any]] = [(False, None)] * len(items)
+    taken = [0]
+    lock = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                i = taken[0]
+                taken[0] = i + 1
+            if i >= len(items):
+                return
+            try:
+                outcomes[i] = (True, fn(items[i]))
+            except Exception as exc:  # noqa: BLE001 - the caller's to judge, in item order
+                outcomes[i] = (False, exc)
+
+    def helper() -> None:
+        try:
+            with torch_state.entered(state):
+                work()
+        except torch_state.NotEntered:
+            return
+
+    n_helpers = min(n_threads, len(items)) - 1 if state is not None else 0
+    futures = [_executor(n_threads - 1).submit(helper) for _ in range(n_helpers)] if n_helpers > 0 else []
+    work()
+    for future in futures:
+        future.result()
+    return outcomes
+
+
 def _executor(n_threads: int) -> ThreadPoolExecutor:
     global _pool, _pool_size, _pool_pid
     with _lock:

@@ -13,7 +13,8 @@ whose ``worker_init_fn`` is None) act as on stock. What it still does, none of w
   and the main process finishes the batch with stock's own arithmetic (``data/batches.py``);
 - prepares the decoded-image cache where it is on;
 - ``num_workers=0`` batches of the patched datasets load on a pool of threads (``data/parallel.py``),
-  through ``Dataset.__getitems__``, with stock's draws in stock's order.
+  through torch's map-style fetch (``data/fetch.py``: stock's, with the patched datasets' batch loaders where
+  stock would call their ``__getitem__``), with stock's draws in stock's order.
 """
 
 from __future__ import annotations
@@ -41,12 +42,26 @@ class DataLoaderPatch(Patch):
     def check_internals(self, module: ModuleType) -> str | None:
         params = inspect.signature(module.DataLoader.__init__).parameters
         missing = [p for p in ("num_workers", "worker_init_fn", "persistent_workers", "pin_memory") if p not in params]
-        return f"DataLoader.__init__ lacks {', '.join(missing)}" if missing else None
+        if missing:
+            return f"DataLoader.__init__ lacks {', '.join(missing)}"
+        import importlib
+
+        try:
+            fetcher = importlib.import_module("torch.utils.data._utils.fetch")._MapDatasetFetcher
+        except (ImportError, AttributeError):
+            return "torch internals changed: no torch.utils.data._utils.fetch._MapDatasetFetcher"
+        if "fetch" not in vars(fetcher) or not isinstance(getattr(module, "Subset", None), type):
+            return "torch internals changed: no _MapDatasetFetcher.fetch or Subset"
+        return None
 
     def _apply(self, module: ModuleType, options: Options) -> None:
-        from ..data import batches, parallel
+        from torch.utils.data._utils import fetch as torch_fetch
+
+        from ..data import batches, fetch, parallel
 
         parallel.configure(options.loader_threads)
+        fetcher = torch_fetch._MapDatasetFetcher
+        self.record.replace(fetcher, "fetch", fetch.make_fetch(vars(fetcher)["fetch"], module.Subset))
 
         def init(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             result = wrapped(*args, **kwargs)  # stock's own arguments, errors and defaults
@@ -54,7 +69,8 @@ class DataLoaderPatch(Patch):
             instance._nano_tail = spec  # the tail a Trainer may defer to the device (train/device_tail.py)
             if instance.num_workers == 0:
                 spec, why = None, "num_workers=0: nothing crosses processes"
-            if options.vision and instance.dataset is not None:
+            if options.vision and instance.dataset is not None and fetch.patched_dataset(instance.dataset):
+                # only datasets the patch loads: a user's class is never asked for attributes (its __getattr__)
                 _prepare_cache(instance.dataset)
             instance._nano_uint8, instance._nano_uint8_why = spec, why
             return result

@@ -54,8 +54,19 @@ class TimmDatasetsPatch(Patch):
         from timm.data.readers.reader_image_folder import ReaderImageFolder
 
         self.record.wrap(dataset.ImageDataset, "__getitem__", _getitem(ReaderImageFolder, vars(ReaderImageFolder)))
-        self.record.replace(dataset.ImageDataset, "__getitems__",
-                            _getitems(dataset.ImageDataset, ReaderImageFolder, vars(ReaderImageFolder)))
+        from ..data import fetch
+
+        loader = _getitems(dataset.ImageDataset, ReaderImageFolder, vars(ReaderImageFolder))
+        fetch.register(dataset.ImageDataset, loader)
+        self._routed = dataset.ImageDataset
+
+    def _revert(self) -> None:
+        from ..data import fetch
+
+        routed = getattr(self, "_routed", None)
+        if routed is not None:
+            fetch.unregister(routed)
+        self._routed = None
 
 
 def _why_timm_code(instance: Any, reader_cls: type, stock_getitem: Any) -> str | None:
@@ -71,16 +82,16 @@ def _why_timm_code(instance: Any, reader_cls: type, stock_getitem: Any) -> str |
 
 
 def _getitems(dataset_cls: type, reader_cls: type, reader_methods: dict[str, Any]) -> Callable[..., Any]:
-    """``__getitems__``: a batch on the loader's threads (``vision/batch.py``), with timm's targets (-1 for
-    none, else its ``target_transform``). A file that fails to load sends the batch one by one through
-    ``__getitem__``, which skips it as timm does."""
+    """The batch loader (``data/fetch.py``): a batch on the loader's threads (``vision/batch.py``), with timm's
+    targets (-1 for none, else its ``target_transform``). A file that fails to load is loaded one by one through
+    ``__getitem__`` at its place, which skips it as timm does."""
     from ..data import parallel
     from ..data.batches import _inherits_getitem
     from ..vision import batch
 
     stock_getitem = reader_methods["__getitem__"]
 
-    def getitems(self: Any, indices: list[int]) -> list[Any]:
+    def getitems(self: Any, indices: list[int]) -> list[Any] | None:
         n_threads = parallel.threads()
         if n_threads > 1 and _inherits_getitem(type(self), dataset_cls) and \
                 _why_timm_code(self, reader_cls, stock_getitem) is None:
@@ -92,16 +103,17 @@ def _getitems(dataset_cls: type, reader_cls: type, reader_methods: dict[str, Any
                 target_transform = self.target_transform
 
                 def target_of(target: Any) -> Any:
-                    if target is None:
-                        return -1
-                    return target if target_transform is None else target_transform(target)
+                    return -1 if target is None else target_transform(target)
 
-                out = batch.load_samples(self, entries, self.transform, target_of, n_threads,
+                if target_transform is None:  # timm's -1 for none, no user code: mapped here
+                    entries = [(path, -1 if target is None else target) for path, target in entries]
+                out = batch.load_samples(self, entries, self.transform,
+                                         target_of if target_transform is not None else None, n_threads,
                                          lambda k: self[indices[k]])
                 if out is not None:
                     report.count(PATCH_NAME, True, "sample decoded and transformed through the patch")
                     return out
-        return [self[i] for i in indices]
+        return None  # timm's own loop, through __getitem__
 
     return getitems
 

@@ -40,6 +40,7 @@ class VisionDatasetsPatch(Patch):
     def _apply(self, module: ModuleType, options: Options) -> None:
         from torchvision.datasets import folder
 
+        from ..data import fetch
         from ..vision import loading
 
         known = (folder.pil_loader, folder.default_loader)
@@ -48,12 +49,21 @@ class VisionDatasetsPatch(Patch):
         self.record.redirect(folder.pil_loader, loading.load_pil)
         self.record.redirect(folder.default_loader, loading.default_loader)
         self.record.wrap(folder.DatasetFolder, "__getitem__", _loader_adapter(folder, known, _folder_sample))
-        self.record.replace(folder.DatasetFolder, "__getitems__",
-                            _batch_adapter(folder.DatasetFolder, _loader_batch(known), _folder_sample))
+        # Batches reach the loader's threads through the DataLoader patch's fetch (``data/fetch.py``), only where
+        # stock's fetcher would call this very ``__getitem__``: no ``__getitems__`` that a wrapper could forward.
+        self._routed = [folder.DatasetFolder]
+        fetch.register(folder.DatasetFolder, _batch_adapter(folder.DatasetFolder, _loader_batch(known), _folder_sample))
         for cls, (adapter, getitems) in builtin_adapters(module, known).items():
             self.record.wrap(cls, "__getitem__", adapter)
-            if getitems is not None:
-                self.record.replace(cls, "__getitems__", getitems)
+            fetch.register(cls, getitems)  # None: a patched class that loads one by one
+            self._routed.append(cls)
+
+    def _revert(self) -> None:
+        from ..data import fetch
+
+        for cls in getattr(self, "_routed", ()):
+            fetch.unregister(cls)
+        self._routed = []
 
 
 def _folder_sample(dataset: Any, index: int) -> tuple[Any, Any]:
@@ -77,9 +87,9 @@ def _loader_batch(known: tuple[Callable[..., Any], ...]) -> Callable[[Any], str 
 def _batch_adapter(cls: type, why_not: Callable[[Any], str | None],
                    sample_of: Callable[[Any, int], tuple[Any, Any]],
                    transforms_of: Callable[[Any], tuple[Any, Any]] | None = None) -> Callable[..., Any]:
-    """``__getitems__`` for ``cls``: torch's fetcher hands it a batch's indices (``num_workers=0`` loaders, and
-    each worker process's batches). The batch loads on the loader's threads where it can (``vision/batch.py``),
-    else one by one through ``__getitem__``, exactly as the fetcher would without this method."""
+    """The batch loader of ``cls`` (``data/fetch.py``): the patched fetch hands it a batch's indices where stock's
+    loop would call ``cls.__getitem__`` for each. The batch loads on the loader's threads where it can
+    (``vision/batch.py``); None, having run nothing, where stock's loop must load it."""
     from ..data import parallel
     from ..data.batches import _inherits_getitem
     from ..vision import batch
@@ -89,12 +99,12 @@ def _batch_adapter(cls: type, why_not: Callable[[Any], str | None],
 
     transforms_of = transforms_of or transforms
 
-    def getitems(self: Any, indices: list[int]) -> list[Any]:
+    def getitems(self: Any, indices: list[int]) -> list[Any] | None:
         n_threads = parallel.threads()
         why = None
         if n_threads <= 1:
-            why = "one loader thread"
-        elif not _inherits_getitem(type(self), cls):
+            return None  # one loader thread: stock's loop
+        if not _inherits_getitem(type(self), cls):
             why = f"{type(self).__name__} overrides __getitem__"
         else:
             why = why_not(self)
@@ -102,17 +112,16 @@ def _batch_adapter(cls: type, why_not: Callable[[Any], str | None],
             try:
                 entries = [sample_of(self, i) for i in indices]
                 transform, target_transform = transforms_of(self)
-            except Exception:  # noqa: BLE001 - a bad index: one by one raises stock's error at stock's point
-                entries = None
-            if entries is not None:
-                out = batch.load_samples(self, entries, transform, target_transform, n_threads,
-                                         lambda k: self[indices[k]])
-                if out is not None:
-                    return out
-                why = batch.why_not_split(transform)
-        if why is not None and report.stats is not None and n_threads > 1:
+            except Exception:  # noqa: BLE001 - a bad index: stock's loop raises stock's error at stock's point
+                return None
+            out = batch.load_samples(self, entries, transform, target_transform, n_threads,
+                                     lambda k: self[indices[k]])
+            if out is not None:
+                return out
+            why = batch.why_not_split(transform) or batch.why_one_by_one(self)
+        if why is not None and report.stats is not None:
             report.stats.count("dataloader", False, f"batch loaded one by one: {why}")
-        return [self[i] for i in indices]
+        return None
 
     return getitems
 

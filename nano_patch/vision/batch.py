@@ -1,28 +1,35 @@
 """Batch-parallel loading, exact: a batch's random draws in the calling thread, its pixels on the loader's threads.
 
-Torch's map-style fetcher calls ``dataset.__getitems__(indices)`` when a dataset has one; the dataset patches
-give the patched datasets one that comes here. For each batch:
+The DataLoader patch's fetch (``data/fetch.py``) hands a batch's indices to the patched dataset's batch loader
+where stock's fetcher would call that dataset's ``__getitem__`` per index; the loader comes here. For each run of
+samples of a batch:
 
-- **draw** (the calling thread, in stock's order): per sample, the image's size (the JPEG header, or the
-  decoded-image cache's entry), then the plan's run on a :class:`plan.Recording`: every draw of every step
-  exactly as stock's one-by-one loop makes it (torch's, Python's and NumPy's generators), and the pixel
-  operations written down; then the dataset's ``target_transform``.
-- **render** (``data/parallel.py``'s threads): per sample, the decode (whole, or only a crop's window) or the
-  cache's view, and the written-down operations, in order (``plan.render``). Draws nothing; the decoders and
-  kernels release the GIL.
-- **store** (the calling thread): cache misses go into the decoded-image cache, in sample order.
+- **draw** (the calling thread, in stock's order): per sample, the image's size (the JPEG header, with PIL's
+  guards, or the decoded-image cache's entry), then the plan's run on a :class:`plan.Recording`: every draw of
+  every step exactly as stock's one-by-one loop makes it (torch's, Python's and NumPy's generators), and the
+  pixel operations written down. No user code runs here; the generators' state before each sample is kept.
+- **render** (``data/parallel.py``'s threads, in the calling thread's torch state: ``data/torch_state.py``): per
+  sample, the decode (whole, or only a crop's window) or the cache's view, and the written-down operations, in
+  order (``plan.render``). Draws nothing; the decoders and kernels release the GIL.
+- **take** (the calling thread, sample by sample): the dataset's ``target_transform``, called with the
+  generators where stock has them after that sample's draws; then cache misses go into the decoded-image cache.
 
-What stock would have done differently (a file that fails to decode, a kernel that leaves an argument to
-stock) puts every generator back where the batch started and the batch is loaded one by one instead, so
-that the error, or the fallback, is stock's, at stock's point. A Compose whose steps need pixels while they
-draw (a transform the plan does not know, AugMix, a step after the tensor tail) is not split: its dataset
-keeps the one-by-one path, and the run report says why.
+A sample that needs stock's own code (a file that fails, a truncated JPEG, a step that needs pixels while it
+draws) is loaded one by one at its place, from stock's state before it, its open stage not run again, and the
+batch path resumes after it: every user callable runs as often as on stock, in stock's order relative to every
+draw; every warning is given once; an error comes at stock's sample with stock's generators. A
+``target_transform`` that changes a global generator makes that dataset load one by one from there on. A Compose
+whose steps need pixels while they draw (a transform the plan does not know, AugMix, a step after the tensor
+tail) is not split: its dataset keeps the one-by-one path, and the run report says why.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
+import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +41,7 @@ from . import cache, decode, native, pipeline, plan
 from .image import FastImage, plain
 
 #: A sample's pixels, as the draw found them: one of these kinds, with what the render needs.
-ARRAY, JPEG_WINDOW, DECODE, READY = "array", "jpeg window", "decode", "ready"
+ARRAY, JPEG_WINDOW, DECODE = "array", "jpeg window", "decode"
 
 
 @dataclass
@@ -49,8 +56,8 @@ class Job:
     size: tuple[int, int] | None = None
     #: the decoded-image cache's key material, where a miss should be stored
     material: bytes | None = None
-    #: READY: the whole sample (image and target), loaded one by one in the calling thread
-    sample: Any = None
+    #: stock's ``Image.open(path).info``, where the sample can be an image (None where no image leaves the plan)
+    info: dict[Any, Any] | None = None
 
 
 @dataclass
@@ -77,9 +84,13 @@ def why_not_split(transform: Any) -> str | None:
     return plan.plan_for(transform).unsplittable
 
 
-def _states() -> tuple[Any, Any, Any]:
+def _states(beyond_torch: bool = True) -> tuple[Any, Any, Any]:
+    """The generators' states: torch's, and Python's and NumPy's unless ``beyond_torch`` is False (they are then
+    None: a plan that draws from torch alone leaves them where they are)."""
     import torch
 
+    if not beyond_torch:
+        return torch.get_rng_state(), None, None
     return torch.get_rng_state(), random.getstate(), np.random.get_state()
 
 
@@ -87,80 +98,188 @@ def _restore(states: tuple[Any, Any, Any]) -> None:
     import torch
 
     torch.set_rng_state(states[0])
-    random.setstate(states[1])
-    np.random.set_state(states[2])
+    if states[1] is not None:
+        random.setstate(states[1])
+    if states[2] is not None:
+        np.random.set_state(states[2])
+
+
+def _same(a: tuple[Any, Any, Any], b: tuple[Any, Any, Any]) -> bool:
+    import torch
+
+    if not torch.equal(a[0], b[0]) or a[1] != b[1]:
+        return False
+    if a[2] is None or b[2] is None:
+        return a[2] is b[2]
+    return a[2][0] == b[2][0] and np.array_equal(a[2][1], b[2][1]) and tuple(a[2][2:]) == tuple(b[2][2:])
+
+
+def _draws_beyond_torch(the_plan: plan.Plan | None) -> bool:
+    """Whether a step of the plan may draw from Python's or NumPy's generator (timm's steps), not torch's alone."""
+    if the_plan is None:
+        return False
+    return any(r is not None and r.__name__.startswith("_run_timm") for r in the_plan.runners)
+
+
+#: Datasets whose batches load one by one, and why (a ``target_transform`` that draws from the global generators:
+#: the draws of a batch could not be made ahead of it). Weak keys: a dataset's entry goes with it.
+_one_by_one: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+_one_by_one_lock = threading.Lock()
+
+
+def why_one_by_one(dataset: Any) -> str | None:
+    with _one_by_one_lock:
+        try:
+            return _one_by_one.get(dataset)
+        except TypeError:  # not weak-referenceable, or unhashable: never marked
+            return None
+
+
+def _mark_one_by_one(dataset: Any, why: str) -> None:
+    with _one_by_one_lock, contextlib.suppress(TypeError):
+        _one_by_one[dataset] = why
+    report.count("dataloader", False, f"batch loaded one by one: {why}")
+
+
+@dataclass
+class _Stop:
+    """The draw stopped at a sample that stock's own code must load, from where stock stands then."""
+
+    k: int
+    #: raise this (PIL's guard raised in the open stage), else load the sample one by one
+    error: BaseException | None = None
+    #: the sample's open stage already ran (its source): the one-by-one load must not run it again
+    job: Job | None = None
 
 
 def load_samples(dataset: Any, entries: list[tuple[Any, Any]], transform: Any, target_transform: Any,
                  n_threads: int, one: Callable[[int], Any]) -> list[tuple[Any, Any]] | None:
     """``[(transform(load(path)), target_transform(target)) for path, target in entries]`` as stock makes it,
-    rendered on ``n_threads`` threads; None where the caller must load the batch one by one (the generators are
-    then where they were when this was called). ``one(k)``: the ``k``-th sample loaded one by one, as stock's
-    ``dataset[index]`` (for a sample whose draws turn out to need its pixels)."""
-    from ..data import parallel
+    rendered on ``n_threads`` threads; None where this dataset's batches load one by one (nothing ran then).
+    ``one(k)``: the ``k``-th sample loaded one by one, as stock's ``dataset[index]``.
 
-    if why_not_split(transform) is not None:
+    Every user callable runs as often as on stock, and in stock's order relative to every draw: the draws of a
+    run of samples are made first (they run no user code), their pixels rendered, and only then, sample by
+    sample, each ``target_transform`` is called with the generators where stock has them after that sample's
+    draws. A sample that needs stock's own code (a file that fails, a step that needs pixels while it draws) is
+    loaded one by one at its place, from stock's generator state, and the batch path resumes after it: nothing
+    is drawn, opened, warned or called twice.
+    """
+    if why_not_split(transform) is not None or why_one_by_one(dataset) is not None:
         return None
+    out: list[Any] = []
+    k = 0
+    while k < len(entries):
+        if why_not_split(transform) is not None or why_one_by_one(dataset) is not None:
+            out.extend(one(j) for j in range(k, len(entries)))  # marked part-way: the rest as stock, in order
+            break
+        k = _load_run(dataset, entries, k, transform, target_transform, n_threads, one, out)
+    return out
+
+
+def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: Any, target_transform: Any,
+              n_threads: int, one: Callable[[int], Any], out: list[Any]) -> int:
+    """Load samples from ``k0`` into ``out``: draw as many as can be drawn ahead, render them, then take them in
+    order; return the index to go on from."""
+    from ..data import parallel, torch_state
+    from . import loading
+
     stats = report.stats
-    states = _states()
     store = cache.store_for(dataset)
     the_plan = plan.plan_for(transform) if transform is not None else None
     crop_window = the_plan is not None and the_plan.crop_first and native.available("crop_decode")
-    # Where a sample's draws may need its pixels (a policy op its library runs itself), each sample starts from
-    # a copy of the generators, so that such a sample alone can be loaded one by one, from the same point.
-    per_sample = the_plan is not None and the_plan.sometimes_unsplittable is not None
+    beyond = _draws_beyond_torch(the_plan) or target_transform is not None
+    with_info = loading.needs_info(transform)
     start = time.perf_counter()
-    try:
-        jobs: list[Job] = []
-        targets: list[Any] = []
-        for k, (path, target) in enumerate(entries):
-            before = _states() if per_sample else None
-            try:
-                jobs.append(_draw(path, transform, store, crop_window))
-            except plan.NotSplittable as exc:
-                if exc.every_time or the_plan is None:
-                    raise
-                if before is None:  # the first time: the batch again, each sample from its own copy
-                    the_plan.sometimes_unsplittable = str(exc)
-                    raise
-                _restore(before)
-                jobs.append(Job(READY, path, None, sample=one(k)))
+    jobs: list[Job] = []
+    before: list[tuple[Any, Any, Any]] = []  # the generators before each sample's draws
+    stop: _Stop | None = None
+    for k in range(k0, len(entries)):
+        path = entries[k][0]
+        states = _states(beyond)
+        try:
+            job = _source(path, store, crop_window)
+            if with_info:
+                job.info = decode.image_info(path, job.data)
+        except _GuardRaised as raised:
+            stop = _Stop(k, error=raised.error)
+            break
+        except Exception:  # noqa: BLE001 - a file stock's own code handles its way (missing, damaged): one by one
+            stop = _Stop(k)
+            break
+        try:
+            _draw(job, transform)
+        except plan.NotSplittable as exc:
+            _restore(states)
+            if exc.every_time and the_plan is not None:
+                the_plan.unsplittable = str(exc)
+                report.count("dataloader", False, f"batch loaded one by one: {exc}")
+            else:
                 report.count("dataloader", False, f"sample loaded one by one: {exc}")
-                continue
-            targets.append(target_transform(target) if target_transform is not None else target)
-        drawn = time.perf_counter()
-        rendered = parallel.map_in_order(_render, jobs, n_threads)
-    except _GuardRaised as raised:
-        # raised where stock raises it, every generator where stock's is then: no retry one by one, which would
-        # repeat the warnings this batch's draws already gave
-        raise raised.error from None
-    except plan.NotSplittable as exc:
-        _restore(states)
-        if exc.every_time:
-            the_plan.unsplittable = str(exc)
-            report.count("dataloader", False, f"batch loaded one by one: {exc}")
-            return None
-        return load_samples(dataset, entries, transform, target_transform, n_threads, one)
-    except Exception:  # noqa: BLE001 - a file or step that stock handles its own way: one by one, from the start
-        _restore(states)
-        report.count("dataloader", False, "batch loaded one by one: a sample failed to load or render")
-        return None
+            stop = _Stop(k, job=job)
+            break
+        jobs.append(job)
+        before.append(states)
+    after = _states(beyond) if jobs else None
+    drawn = time.perf_counter()
+    state = torch_state.capture() if n_threads > 1 and len(jobs) > 1 else None
+    outcomes = parallel.map_outcomes(_render, jobs, n_threads, state)
     done = time.perf_counter()
+    committed = 0
+    stale = False  # the samples left were drawn from a state that is not stock's: one by one, in order
+    for j, (job, (ok, rendered)) in enumerate(zip(jobs, outcomes)):
+        k = k0 + j
+        if stale:
+            out.append(_one_reusing(one, k, job))
+            continue
+        if not ok:
+            # stock's own code for this sample, from stock's state before it; those drawn after it follow it
+            _restore(before[j])
+            if not isinstance(rendered, (plan.DecodeFailed, plan.RenderFailed, plan.NotSplittable)):
+                report.count("dataloader", False, "sample loaded one by one: it failed to load or render")
+            stale = True
+            out.append(_one_reusing(one, k, job))
+            continue
+        target = entries[k][1]
+        if target_transform is not None:
+            # the user's callable sees the generators where stock has them after this sample's draws
+            expected = before[j + 1] if j + 1 < len(jobs) else after
+            _restore(expected)
+            target = target_transform(target)
+            if not _same(_states(), expected):
+                # it drew from a global generator: the samples after this one were drawn from a state that is not
+                # stock's; they load one by one, and so does every later batch of this dataset
+                _mark_one_by_one(dataset, "its target_transform draws from the global random generators")
+                stale = True
+        out.append((rendered.sample, target))
+        committed = j + 1
+    if stop is not None:
+        if stop.error is not None:
+            raise stop.error  # PIL's guard: stock's error, where stock raises it
+        out.append(_one_reusing(one, stop.k, stop.job) if stop.job is not None else one(stop.k))
+    resume = stop.k + 1 if stop is not None else k0 + len(jobs)
     if store is not None:
-        for job, r in zip(jobs, rendered):
-            if job.material is not None and r.decoded is not None:
+        for job, (ok, r) in zip(jobs[:committed], outcomes):
+            if ok and job.material is not None and r.decoded is not None:
                 stored = r.reproducible and store.put(job.material, r.decoded)
                 cache.count_miss(r.decoded, r.decode_s, stored)
-    if stats is not None:
-        stored_s = time.perf_counter() - done
+    if stats is not None and committed:
+        rendered_s = [r.render_s for ok, r in outcomes[:committed] if ok]
         stats.count("dataloader", True, f"batch loaded on {n_threads} threads (draws in stock's order)")
-        stats.add_loader({"parallel_batches": 1, "parallel_samples": len(jobs), "parallel_threads": n_threads,
-                          "draw_s": drawn - start + stored_s, "render_wall_s": done - drawn,
-                          "render_s": sum(r.render_s for r in rendered)})
-    out, targets_left = [], iter(targets)
-    for job, r in zip(jobs, rendered):
-        out.append(r.sample if job.kind == READY else (r.sample, next(targets_left)))
-    return out
+        stats.add_loader({"parallel_batches": 1, "parallel_samples": committed, "parallel_threads": n_threads,
+                          "draw_s": drawn - start + time.perf_counter() - done, "render_wall_s": done - drawn,
+                          "render_s": sum(rendered_s)})
+    return resume
+
+
+def _one_reusing(one: Callable[[int], Any], k: int, job: Job) -> Any:
+    """``one(k)``, its file's open stage not run again (it ran when ``job`` was made: PIL's warnings were given)."""
+    with decode.reusing_open(job.path, job.data, job.array if job.kind == ARRAY else None, job.info):
+        return one(k)
+
+
+class _OneByOne(Exception):
+    """A sample stock's own code must load, found before its open stage ran."""
 
 
 class _GuardRaised(Exception):
@@ -178,13 +297,11 @@ def _guard(check: Callable[..., Any], *args: Any) -> Any:
         raise _GuardRaised(exc) from exc
 
 
-def _draw(path: Any, transform: Any, store: cache.Store | None, crop_window: bool) -> Job:
-    """The sample's source of pixels and its size, then its draws (``transform``'s plan on a Recording)."""
-    job = _source(path, store, crop_window)
+def _draw(job: Job, transform: Any) -> None:
+    """The sample's draws: ``transform``'s plan on a Recording of the source's size."""
     if transform is not None:
         hw = job.array.shape[:2] if job.array is not None else job.size
         job.recording = pipeline.run_compose(transform, plan.Recording(hw))
-    return job
 
 
 def _source(path: Any, store: cache.Store | None, crop_window: bool) -> Job:
@@ -205,7 +322,11 @@ def _source(path: Any, store: cache.Store | None, crop_window: bool) -> Job:
     data = decode.read_bytes(path)
     size = decode.jpeg_size(data)
     # PIL's guards on the header, in this thread, in stock's order (before this sample's draws)
-    if size is not None and not _guard(decode.check_open, data, *size):
+    if size is not None and decode.looks_truncated(data):
+        # stock raises for it (or, with LOAD_TRUNCATED_IMAGES, decodes PIL's fill) before its draws: stock's own
+        # code loads it, before its open stage has run here
+        raise _OneByOne("a truncated JPEG")
+    if size is not None and not _guard(decode.check_open, data, *size, path):
         size = None  # PIL's open rejects the bytes: PIL decodes the file below and raises stock's error
     if size is None:
         # not a JPEG libjpeg-turbo takes like PIL: PIL decodes it now, in this thread, as one by one
@@ -213,7 +334,7 @@ def _source(path: Any, store: cache.Store | None, crop_window: bool) -> Job:
         if material is not None:
             stored = reproducible and store.put(material, a)
             cache.count_miss(a, 0.0, stored)
-        return Job(ARRAY, path, None, array=a)
+        return Job(ARRAY, path, None, array=a, data=data)
     if material is None and crop_window:
         return Job(JPEG_WINDOW, path, None, data=data, size=size)
     return Job(DECODE, path, None, data=data, size=size, material=material)
@@ -222,10 +343,10 @@ def _source(path: Any, store: cache.Store | None, crop_window: bool) -> Job:
 def _render(job: Job) -> Rendered:
     start = time.perf_counter()
     decoded, reproducible, decode_s = None, False, 0.0
-    if job.kind == READY:
-        return Rendered(job.sample, None, False, 0.0, 0.0)
     if job.kind == JPEG_WINDOW:
         px: plan.Pixels = plan.JpegPixels(job.data, job.size, job.path)
+        if job.info:
+            px.info = job.info
     else:
         a = job.array
         if a is None:
@@ -235,8 +356,9 @@ def _render(job: Job) -> Rendered:
                 raise plan.RenderFailed("the decode's size is not the header's")
             decoded = a if job.material is not None else None
         if job.recording is None:
-            return Rendered(plain(FastImage.wrap(a)), decoded, reproducible, decode_s, time.perf_counter() - start)
-        px = plan.Pixels.of(FastImage.wrap(a))
+            return Rendered(plain(FastImage.wrap(a, job.info)), decoded, reproducible, decode_s,
+                            time.perf_counter() - start)
+        px = plan.Pixels.of(FastImage.wrap(a, job.info))
     sample = plain(plan.render(job.recording, px))
     return Rendered(sample, decoded, reproducible, decode_s, time.perf_counter() - start)
 

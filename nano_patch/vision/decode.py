@@ -2,7 +2,7 @@
 
 The result always equals stock ``PIL.Image.open(path).convert("RGB")``: the file's bytes, not its
 extension, decide the decoder; CMYK/YCCK JPEGs and every other format go through PIL; a corrupt or
-truncated file raises the exception class PIL raises, with the path in the message.
+truncated file raises PIL's exception, its message PIL's, with the path in a note (``add_note``).
 
 PIL's guards stay: before libjpeg-turbo allocates a pixel, :func:`check_open` applies what stock's
 ``Image.open`` does to the header (the installed PIL's decompression-bomb rule, read at call time,
@@ -11,10 +11,12 @@ and PIL's own open of the bytes where the header carries EXIF or MPF data, whose
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -89,7 +91,88 @@ def _plain_open(data: bytes) -> bool:
     return False
 
 
-def check_open(data: bytes, height: int, width: int) -> bool:
+#: Per thread: the file whose open stage already ran for the sample being loaded (see :func:`reusing_open`).
+_reused = threading.local()
+
+
+@contextlib.contextmanager
+def reusing_open(path: Any, data: bytes | None, array: np.ndarray | None = None,
+                 info: dict[Any, Any] | None = None) -> Iterator[None]:
+    """While a sample is loaded again one by one in this thread: ``path``'s open stage (PIL's warnings and guards)
+    already ran, on ``data``, and ``array`` is its decode where one was made, so none of it is run again."""
+    previous = getattr(_reused, "entry", None)
+    _reused.entry = (os.fspath(path), data, array)
+    if info is not None:
+        _stash_info(path, info)
+    try:
+        yield
+    finally:
+        _reused.entry = previous
+
+
+def _reuse(path: Any) -> tuple[str, bytes | None, np.ndarray | None] | None:
+    entry = getattr(_reused, "entry", None)
+    if entry is None:
+        return None
+    try:
+        return entry if entry[0] == os.fspath(path) else None
+    except TypeError:
+        return None
+
+
+def open_stage_ran(path: Any) -> bool:
+    """Whether ``path``'s open stage already ran for the sample this thread is loading (:func:`reusing_open`)."""
+    return _reuse(path) is not None
+
+
+def looks_truncated(data: bytes) -> bool:
+    """A JPEG whose bytes end before its image does: no end-of-image marker after the first scan's start.
+
+    Stock's open of it succeeds and its decode raises (``image file is truncated``), before the transform draws;
+    the loader's threads leave such a file to stock's own code, so that nothing of it is run ahead.
+    """
+    sos = data.find(b"\xff\xda", 2)
+    return sos < 0 or data.rfind(b"\xff\xd9") < sos
+
+
+#: Per thread: the ``info`` of the last image PIL opened here, by path (see :func:`image_info`).
+_opened = threading.local()
+
+
+def _stash_info(path: Any, info: dict[Any, Any]) -> None:
+    if path is not None:
+        _opened.entry = (os.fspath(path), dict(info))
+
+
+def image_info(path: Any, data: bytes | None = None) -> dict[Any, Any]:
+    """The ``info`` of stock's ``Image.open(path).convert("RGB")``: PIL's own parse of the file's header.
+
+    Taken from PIL's open of the file in this thread where one just ran (:func:`check_open`, a PIL decode);
+    otherwise a JPEG whose header can warn of nothing is parsed by PIL's JPEG plugin from its first bytes, and any
+    other file is opened by PIL (its warnings are those of stock's open of the file). Called only where the
+    sample is an image (a tensor's pixels do not depend on it).
+    """
+    entry = getattr(_opened, "entry", None)
+    if entry is not None and entry[0] == os.fspath(path):
+        _opened.entry = None
+        return dict(entry[1])
+    if data is None:
+        with open(path, "rb") as f:
+            data = f.read(1 << 16)
+        if not (data.startswith(_JPEG_SOI) and _plain_open(data)):
+            data = read_bytes(path)
+    try:
+        if data.startswith(_JPEG_SOI) and _plain_open(data):
+            from PIL import JpegImagePlugin
+
+            return dict(JpegImagePlugin.JpegImageFile(io.BytesIO(data)).info)
+        with Image.open(io.BytesIO(data)) as im:
+            return dict(im.convert("RGB").info) if im.mode == "P" else dict(im.info)
+    except Exception:  # noqa: BLE001 - the decode raises stock's error for such a file
+        return {}
+
+
+def check_open(data: bytes, height: int, width: int, path: Any = None) -> bool:
     """Stock ``Image.open``'s checks on a JPEG about to be decoded by libjpeg-turbo, in this thread,
     before any pixel is allocated: its warnings and errors, same classes, same messages, same order.
 
@@ -98,12 +181,15 @@ def check_open(data: bytes, height: int, width: int) -> bool:
     False when that open fails otherwise: PIL then decodes the file and raises stock's error.
     A later decode of the same bytes is told ``checked=True``, so that nothing warns twice.
     """
+    entry = getattr(_reused, "entry", None)
+    if entry is not None and entry[1] is data:
+        return True  # its open stage ran for this sample already (reusing_open)
     if _plain_open(data):
         _bomb_check((width, height))
     else:
         try:
-            with Image.open(io.BytesIO(data)):
-                pass
+            with Image.open(io.BytesIO(data)) as im:
+                _stash_info(path, im.info)
         except Exception as exc:
             if isinstance(exc, (Warning, Image.DecompressionBombError)):
                 raise  # stock's own: a warning made an error by the user's filters, or the bomb error
@@ -120,6 +206,9 @@ def _simplejpeg():
 
 
 def read_bytes(path: str | os.PathLike[str]) -> bytes:
+    reused = _reuse(path)
+    if reused is not None and reused[1] is not None:
+        return reused[1]
     with open(path, "rb") as f:
         return f.read()
 
@@ -168,9 +257,12 @@ def decode_rgb_reproducibly(
     is set (a damaged file then decodes to PIL's fill, where stock with the flag off raises). Only
     such decodes may go into the decoded-image cache.
     """
+    reused = _reuse(path)
+    if reused is not None and reused[2] is not None and min_size is None:
+        return reused[2], False  # decoded when its open stage ran (not stored again)
     data = read_bytes(path) if data is None else data
     size = jpeg_size(data)
-    if size is not None and (checked or check_open(data, *size)):
+    if size is not None and (checked or check_open(data, *size, path=path)):
         sj = _simplejpeg()
         kwargs: dict[str, Any] = {"colorspace": "RGB"}
         if min_size is not None:
@@ -219,7 +311,7 @@ def decode_jpeg_native(path: str | os.PathLike[str], *, checked: bool = False) -
     data = read_bytes(path)
     header = _jpeg_header(data)
     arr = None
-    if header is not None and (checked or check_open(data, header[0], header[1])):
+    if header is not None and (checked or check_open(data, header[0], header[1], path=path)):
         gray = header[2] == "Gray"
         try:
             arr = _simplejpeg().decode_jpeg(data, colorspace="GRAY" if gray else "RGB", strict=True)
@@ -234,17 +326,16 @@ def decode_jpeg_native(path: str | os.PathLike[str], *, checked: bool = False) -
 
 
 def pil_open_rgb(path: str | os.PathLike[str]) -> Image.Image:
-    """Stock ``Image.open(path).convert("RGB")`` with the path added to any decoding error."""
+    """Stock ``Image.open(path).convert("RGB")``: stock's error, its message unchanged, the path in a note
+    (``BaseException.add_note``: tracebacks show it, ``str(error)`` is stock's)."""
     try:
         with open(path, "rb") as f:
             img = Image.open(f)
-            return img.convert("RGB")
+            rgb = img.convert("RGB")
+            _stash_info(path, rgb.info)
+            return rgb
     except (OSError, SyntaxError, ValueError) as exc:
-        if str(os.fspath(path)) in str(exc):
-            raise
-        try:
-            new = type(exc)(f"{exc} (while reading {os.fspath(path)!s})")
-        except Exception:  # noqa: BLE001 - an exception class with an odd constructor
-            raise exc from None
-        raise new from exc
-
+        where = str(os.fspath(path))
+        if where not in str(exc) and not any(where in note for note in getattr(exc, "__notes__", ())):
+            exc.add_note(f"while reading {where}")
+        raise

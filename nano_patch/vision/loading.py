@@ -33,7 +33,22 @@ def load_pil(path: str | os.PathLike[str]) -> Any:
     """``pil_loader``: the decoded file as an RGB PIL image (a ``FastImage``: no copy into PIL until used)."""
     store = cache.store_for(None)
     a = cached(store, path) if store is not None else None
-    return FastImage.wrap(decode.decode_rgb(path) if a is None else a)
+    a = decode.decode_rgb(path) if a is None else a
+    return FastImage.wrap(a, decode.image_info(path))
+
+
+def needs_info(transform: Any) -> bool:
+    """Whether the image's ``info`` (stock's ``Image.open``'s) can show in a sample of ``transform``: False only for
+    a Compose whose every step is planned and that ends in a tensor tail (no image leaves it, no stock code sees
+    one)."""
+    from torchvision.transforms import Compose
+
+    if transform is None or not pipeline.behaves_as(transform, Compose):
+        return True
+    p = plan.plan_for(transform)
+    n = len(p.items)
+    covered = {i for j, tail in p.tails.items() for i in range(j, j + len(tail))}
+    return not (n and n - 1 in covered and all(i in covered or p.runners[i] is not None for i in range(n)))
 
 
 def cached(store: cache.Store, path: str | os.PathLike[str], native_mode: bool = False) -> np.ndarray | None:
@@ -50,7 +65,8 @@ def cached(store: cache.Store, path: str | os.PathLike[str], native_mode: bool =
     if a is not None:
         # Stock opens the file each time, and PIL's size rule acts there: a limit lowered since the
         # image was stored must act on the hit (the entry is the full decode, so its shape is the size).
-        decode.check_size(a.shape[0], a.shape[1])
+        if not decode.open_stage_ran(path):
+            decode.check_size(a.shape[0], a.shape[1])
         if report.stats is not None:
             _count_hit(path, a, native_mode)
         return a
@@ -126,11 +142,14 @@ def load_transformed(path: str | os.PathLike[str], transform: Any, dataset: Any 
         if wrap_load_errors:
             raise LoadFailed(exc) from exc
         raise
+    info = decode.image_info(path) if done == 0 and needs_info(transform) else None
     if compose is None:
-        return transform_decoded(a, transform)
+        return transform_decoded(a, transform, info)
     if deferred is not None:
+        if info:
+            deferred.info = info
         return plain(_run_deferred(compose, deferred, wrap_load_errors))
-    return plain(pipeline.run_compose(compose, FastImage.wrap(a), skip=done))
+    return plain(pipeline.run_compose(compose, FastImage.wrap(a, info), skip=done))
 
 
 def _load(path: str | os.PathLike[str], compose: Any, dataset: Any) -> tuple[Any, int, plan.JpegPixels | None]:
@@ -146,7 +165,7 @@ def _load(path: str | os.PathLike[str], compose: Any, dataset: Any) -> tuple[Any
         size = decode.jpeg_size(data)
         # Stock's open-stage checks (decompression bomb, EXIF warnings) before the crop is drawn from
         # the header: stock raises or warns inside Image.open, before the transform draws anything.
-        if size is not None and decode.check_open(data, *size):
+        if size is not None and decode.check_open(data, *size, path=path):
             return None, 0, plan.JpegPixels(data, size, path)
     arr, done = _decode_with_first_resize(path, compose.transforms, data)
     return arr, done, None
@@ -182,14 +201,15 @@ def load_native_transformed(path: str | os.PathLike[str], transform: Any, datase
         a = decode.decode_jpeg_native(path)
         if a is None:
             return None
-    return transform_decoded(a, transform)
+    return transform_decoded(a, transform, decode.image_info(path) if needs_info(transform) else None)
 
 
-def transform_decoded(arr: np.ndarray, transform: Any) -> Any:
-    """Apply ``transform`` to an already decoded image, as stock code would to its PIL image."""
+def transform_decoded(arr: np.ndarray, transform: Any, info: dict[Any, Any] | None = None) -> Any:
+    """Apply ``transform`` to an already decoded image, as stock code would to its PIL image (``info``: the
+    ``info`` stock's ``Image.open`` gives it)."""
     from torchvision.transforms import Compose
 
-    img = FastImage.wrap(arr)
+    img = FastImage.wrap(arr, info)
     if transform is not None and pipeline.behaves_as(transform, Compose):
         return plain(pipeline.run_compose(transform, img))
     # The sample leaves the dataset here: an image result is an ordinary PIL image, as stock's.
