@@ -44,9 +44,10 @@ class DataLoaderPatch(Patch):
         return f"DataLoader.__init__ lacks {', '.join(missing)}" if missing else None
 
     def _apply(self, module: ModuleType, options: Options) -> None:
-        from ..data import batches, parallel
+        from ..data import batches, collate, parallel
 
         parallel.configure(options.loader_threads)
+        collate.install()  # a batch the loader's threads rendered into one tensor is collated as that tensor
 
         def init(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             result = wrapped(*args, **kwargs)  # stock's own arguments, errors and defaults
@@ -114,6 +115,7 @@ class DataLoaderPatch(Patch):
         self.record.wrap(module.DataLoader, "__iter__", iter_)
 
     def _revert(self) -> None:
-        from ..data import parallel
+        from ..data import collate, parallel
 
         parallel.configure("off")
+        collate.uninstall()

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from .. import report
-from . import cache, decode, native, pipeline, plan
+from . import cache, decode, native, oprunner, pipeline, plan
 from .image import FastImage, plain
 
 #: A sample's pixels, as the draw found them: one of these kinds, with what the render needs.
@@ -51,6 +51,8 @@ class Job:
     material: bytes | None = None
     #: READY: the whole sample (image and target), loaded one by one in the calling thread
     sample: Any = None
+    #: the recording as one native call (``oprunner``), or None: ``plan.render`` in Python
+    native: oprunner.NativeRun | None = None
 
 
 @dataclass
@@ -128,6 +130,8 @@ def load_samples(dataset: Any, entries: list[tuple[Any, Any]], transform: Any, t
                 report.count("dataloader", False, f"sample loaded one by one: {exc}")
                 continue
             targets.append(target_transform(target) if target_transform is not None else target)
+        for job, run in zip(jobs, oprunner.prepare_batch([j.recording for j in jobs])):
+            job.native = run  # (all of them: into one batch tensor, which default_collate then takes as it is)
         drawn = time.perf_counter()
         rendered = parallel.map_in_order(_render, jobs, n_threads)
     except _GuardRaised as raised:
@@ -224,6 +228,9 @@ def _render(job: Job) -> Rendered:
     decoded, reproducible, decode_s = None, False, 0.0
     if job.kind == READY:
         return Rendered(job.sample, None, False, 0.0, 0.0)
+    if job.kind == JPEG_WINDOW and job.native is not None:
+        sample = oprunner.run_jpeg(job.native, job.data, job.size, job.path)
+        return Rendered(sample, None, False, 0.0, time.perf_counter() - start)
     if job.kind == JPEG_WINDOW:
         px: plan.Pixels = plan.JpegPixels(job.data, job.size, job.path)
     else:
@@ -236,6 +243,9 @@ def _render(job: Job) -> Rendered:
             decoded = a if job.material is not None else None
         if job.recording is None:
             return Rendered(plain(FastImage.wrap(a)), decoded, reproducible, decode_s, time.perf_counter() - start)
+        if job.native is not None:
+            sample = oprunner.run(job.native, a)
+            return Rendered(sample, decoded, reproducible, decode_s, time.perf_counter() - start)
         px = plan.Pixels.of(FastImage.wrap(a))
     sample = plain(plan.render(job.recording, px))
     return Rendered(sample, decoded, reproducible, decode_s, time.perf_counter() - start)
