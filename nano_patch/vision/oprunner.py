@@ -29,7 +29,7 @@ from .pixels import OP_CROP, OP_KERNELS, Recording, TensorTail
 #: The native tail kinds (``native.h``'s NANO_TAIL_*).
 BYTES, PLANES_F32, PLANES_F64, PIXELS_F32, PIXELS_F64 = range(5)
 #: Where a sample's render is counted in the run report.
-REPORT_KEY = "vision_render"
+REPORT_KEY = "vision_transforms"
 
 
 @dataclass
@@ -232,8 +232,8 @@ def batch_tensor(jobs: list[NativeRun]) -> Any:
     base = torch.empty_strided(layout[0], layout[1], dtype=dtype)
     for k, job in enumerate(jobs):
         slot = base[k]
-        if first.kind != BYTES and first.planes and slot.shape[0] == 1:
-            slot = slot[0].unsqueeze(2).permute(2, 0, 1)  # the sample's own strides (a size-1 dimension's)
+        if tuple(slot.stride()) != strides:  # they differ on a size-1 dimension: the sample's own strides
+            slot = slot.as_strided(shape, strides)
         view = slot if first.planes else slot.permute(1, 2, 0)
         job.slot = view.numpy()
         if not job.slot.flags.c_contiguous:

@@ -497,9 +497,11 @@ class TensorTail(Op):
     def __init__(self, tail: Any, uint8: bool, channels: int) -> None:
         self.tail, self.uint8, self.channels = tail, uint8, channels
         self.table = None if self.to_bytes else tail.table(channels)
-        ok = self.to_bytes or (self.tail.to_tensor or self.table.shape[0] == channels)
-        self._native((0, 0, 0, 0, 0, 0.0, None) if ok else None,
-                     "" if ok else "a grey image normalised to three channels after PILToTensor")
+        if self.to_bytes or self.table is not None and (tail.to_tensor or self.table.shape[0] == channels):
+            self._native((0, 0, 0, 0, 0, 0.0, None))
+        else:
+            self._native(None, "the tensor tail runs stock code" if self.table is None else
+                         "a grey image normalised to three channels after PILToTensor")
 
     @property
     def to_bytes(self) -> bool:
