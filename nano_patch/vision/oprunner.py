@@ -51,14 +51,12 @@ class NativeRun:
 
 
 _ready_lock = threading.Lock()
-_ready: dict[frozenset[str], str] = {}  # kernels -> "" (all checked, the runner there) or why not
+#: kernels, or op codes -> "" (all checked, the runner there) or why not
+_ready: dict[frozenset[Any], str] = {}
 
 
 def _why_kernels(names: frozenset[str]) -> str:
     """Why the op runner cannot run ops needing ``names`` here ("" where it can)."""
-    why = _ready.get(names)
-    if why is not None:
-        return why
     with _ready_lock:
         why = ""
         for name in sorted(names):
@@ -70,7 +68,6 @@ def _why_kernels(names: frozenset[str]) -> str:
             if not hasattr(mod, "run_ops"):
                 why = "the compiled kernels predate the op runner (reinstall nano-patch)"
                 break
-        _ready[names] = why
     return why
 
 
@@ -83,16 +80,24 @@ def reset() -> None:
 def prepare(recording: Recording) -> NativeRun | str:
     """The native run of ``recording``, or why it keeps the Python path."""
     ops = recording.ops
-    why = recording.why_not_native()
-    if why is not None:
-        return why
-    tail = ops[-1]
+    records = []
+    for op in ops:
+        if op.record is None:
+            return op.why
+        records.append(op.record)
+    tail = ops[-1] if ops else None
     if not isinstance(tail, TensorTail):
         return "the recording does not end in the tensor tail"
-    kernels = {"tables"}
-    for op in ops[:-1]:
-        kernels.update(OP_KERNELS[op.record[0]])  # type: ignore[index]
-    why = _why_kernels(frozenset(kernels))
+    records.pop()  # the tail's: its table and output go to the runner apart
+    codes = frozenset(r[0] for r in records)
+    why = _ready.get(codes)
+    if why is None:
+        kernels = {"tables"}
+        for code in codes:
+            kernels.update(OP_KERNELS[code])
+        why = _why_kernels(frozenset(kernels))
+        with _ready_lock:
+            _ready[codes] = why
     if why:
         return why
     h, w = recording.hw
@@ -101,11 +106,11 @@ def prepare(recording: Recording) -> NativeRun | str:
         kind, table = BYTES, None
     else:
         table = tail.table
-        f64 = table.dtype == np.float64
         if table.dtype not in (np.float32, np.float64):
             return f"a tensor tail of {table.dtype}"
+        f64 = table.dtype == np.float64
         kind = (PLANES_F64 if f64 else PLANES_F32) if tail.tail.to_tensor else (PIXELS_F64 if f64 else PIXELS_F32)
-    return NativeRun(tuple(op.record for op in ops[:-1]), kind, table, (h, w, channels))
+    return NativeRun(tuple(records), kind, table, (h, w, channels))
 
 
 def _settings() -> tuple[int, int, int, int]:
