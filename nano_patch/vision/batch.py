@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from .. import report
-from . import cache, decode, native, oprunner, pipeline, plan
+from . import cache, decode, file_index, native, oprunner, pipeline, plan, source
 from .image import FastImage, plain
 
 #: A sample's pixels, as the draw found them: one of these kinds, with what the render needs.
@@ -106,6 +106,7 @@ def load_samples(dataset: Any, entries: list[tuple[Any, Any]], transform: Any, t
     stats = report.stats
     states = _states()
     store = cache.store_for(dataset)
+    index = file_index.for_dataset(dataset) if store is not None else None
     the_plan = plan.plan_for(transform) if transform is not None else None
     crop_window = the_plan is not None and the_plan.crop_first and native.available("crop_decode")
     # Where a sample's draws may need its pixels (a policy op its library runs itself), each sample starts from
@@ -118,7 +119,7 @@ def load_samples(dataset: Any, entries: list[tuple[Any, Any]], transform: Any, t
         for k, (path, target) in enumerate(entries):
             before = _states() if per_sample else None
             try:
-                jobs.append(_draw(path, transform, store, crop_window))
+                jobs.append(_draw(path, transform, store, crop_window, index))
             except plan.NotSplittable as exc:
                 if exc.every_time or the_plan is None:
                     raise
@@ -153,8 +154,7 @@ def load_samples(dataset: Any, entries: list[tuple[Any, Any]], transform: Any, t
     if store is not None:
         for job, r in zip(jobs, rendered):
             if job.material is not None and r.decoded is not None:
-                stored = r.reproducible and store.put(job.material, r.decoded)
-                cache.count_miss(r.decoded, r.decode_s, stored)
+                source.record_miss(store, job.material, r.decoded, r.decode_s, r.reproducible)
     if stats is not None:
         stored_s = time.perf_counter() - done
         stats.count("dataloader", True, f"batch loaded on {n_threads} threads (draws in stock's order)")
@@ -182,30 +182,24 @@ def _guard(check: Callable[..., Any], *args: Any) -> Any:
         raise _GuardRaised(exc) from exc
 
 
-def _draw(path: Any, transform: Any, store: cache.Store | None, crop_window: bool) -> Job:
+def _draw(path: Any, transform: Any, store: cache.Store | None, crop_window: bool,
+          index: file_index.FileIndex | None = None) -> Job:
     """The sample's source of pixels and its size, then its draws (``transform``'s plan on a Recording)."""
-    job = _source(path, store, crop_window)
+    job = _source(path, store, crop_window, index)
     if transform is not None:
         hw = job.array.shape[:2] if job.array is not None else job.size
         job.recording = pipeline.run_compose(transform, plan.Recording(hw))
     return job
 
 
-def _source(path: Any, store: cache.Store | None, crop_window: bool) -> Job:
-    material = None
-    if store is not None:
-        material = cache.key_material(path, "RGB")
-        if material is not None:
-            a = store.get(material)
-            if a is not None:
-                _guard(decode.check_size, a.shape[0], a.shape[1])  # stock's size rule, as its open of the file
-                from . import loading
-
-                if report.stats is not None:
-                    loading._count_hit(path, a, False)
-                return Job(ARRAY, path, None, array=a)
-            if not store.accepting:
-                material = None
+def _source(path: Any, store: cache.Store | None, crop_window: bool, index: file_index.FileIndex | None = None
+            ) -> Job:
+    """Where the sample's pixels come from (``source.look_up``: a cache hit, a miss to decode and store, or no
+    cache), and, for a JPEG to decode, its size from the header, after PIL's open checks."""
+    found = source.look_up(store, path, index=index, size_rule=lambda h, w: _guard(decode.check_size, h, w))
+    if found.kind == source.HIT:  # stock's size rule applied, as its open of the file
+        return Job(ARRAY, path, None, array=found.array)
+    material = found.material  # a miss to store, or None
     data = decode.read_bytes(path)
     size = decode.jpeg_size(data)
     # PIL's guards on the header, in this thread, in stock's order (before this sample's draws)
@@ -213,10 +207,10 @@ def _source(path: Any, store: cache.Store | None, crop_window: bool) -> Job:
         size = None  # PIL's open rejects the bytes: PIL decodes the file below and raises stock's error
     if size is None:
         # not a JPEG libjpeg-turbo takes like PIL: PIL decodes it now, in this thread, as one by one
+        start = time.perf_counter()
         a, reproducible = decode.decode_rgb_reproducibly(path, data=data)
         if material is not None:
-            stored = reproducible and store.put(material, a)
-            cache.count_miss(a, 0.0, stored)
+            source.record_miss(store, material, a, time.perf_counter() - start, reproducible)
         return Job(ARRAY, path, None, array=a)
     if material is None and crop_window:
         return Job(JPEG_WINDOW, path, None, data=data, size=size)
