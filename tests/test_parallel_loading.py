@@ -222,7 +222,7 @@ def test_the_pool_is_sized_to_the_usable_cores(monkeypatch, tmp_path):
     monkeypatch.setattr(parallel, "_cgroup_quota", lambda: 2.5)  # a container given 2.5 CPUs
     assert parallel.usable_cores() == 3
     nano_patch.patch_torch()
-    assert parallel.threads() == 3
+    assert parallel._auto_threads().ladder == [1, 2, 3]  # auto tries counts up to the usable cores
 
 
 def _timm_epochs(folder, make, epochs=2):

@@ -82,6 +82,10 @@ def _getitems(dataset_cls: type, reader_cls: type, reader_methods: dict[str, Any
 
     def getitems(self: Any, indices: list[int]) -> list[Any]:
         n_threads = parallel.threads()
+        with parallel.measured(n_threads, len(indices)):  # for --loader-threads auto's choice
+            return load(self, indices, n_threads)
+
+    def load(self: Any, indices: list[int], n_threads: int) -> list[Any]:
         if n_threads > 1 and _inherits_getitem(type(self), dataset_cls) and \
                 _why_timm_code(self, reader_cls, stock_getitem) is None:
             try:

@@ -91,6 +91,10 @@ def _batch_adapter(cls: type, why_not: Callable[[Any], str | None],
 
     def getitems(self: Any, indices: list[int]) -> list[Any]:
         n_threads = parallel.threads()
+        with parallel.measured(n_threads, len(indices)):  # for --loader-threads auto's choice
+            return load(self, indices, n_threads)
+
+    def load(self: Any, indices: list[int], n_threads: int) -> list[Any]:
         why = None
         if n_threads <= 1:
             why = "one loader thread"
