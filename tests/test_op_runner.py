@@ -384,3 +384,29 @@ def test_samples_left_to_python_are_counted_with_why(patched, photos, tmp_path):
     assert counts[("vision_transforms", True, "sample rendered by the native op runner (one call)")] == 1
     assert counts[("vision_transforms", False,
                    "sample rendered by the Python path: equalize (its table depends on the image)")] == 1
+
+
+@pytest.mark.parametrize("region", ["decoded alone", "refused: the whole file"])
+def test_a_jpeg_not_decoded_yet_renders_its_first_crop_as_stock(patched, photos, tmp_path, monkeypatch, region):
+    """The batch path's JPEG window: the first crop decoded alone (libjpeg-turbo), or, where that is refused, the
+    whole file decoded first, as ``pixels.JpegPixels`` does."""
+    from nano_patch.vision import decode, native
+
+    path = tmp_path / "p.jpg"
+    photos[0].save(path, quality=90)
+    data = path.read_bytes()
+    size = decode.jpeg_size(data)
+    if region == "refused: the whole file":
+        def refuse(*args, **kwargs):
+            raise native.JpegRegionError("refused")
+        monkeypatch.setattr(native, "decode_jpeg_region", refuse)
+    elif not native.available("crop_decode"):
+        pytest.skip("crop decoding is not built here")
+    tf = PIPELINES["pets"]()
+    seed_all(5)
+    want = tf(Image.open(path).convert("RGB"))
+    seed_all(5)
+    rec = pipeline.run_compose(tf, plan.Recording(size))
+    job = oprunner.prepare(rec)
+    assert not isinstance(job, str), job
+    assert _same(want, oprunner.run_jpeg(job, data, size, path))

@@ -609,13 +609,6 @@ class Recording(Pixels):
     def end_in_image(self, fast_in: bool) -> None:
         self.ops.append(ImageEnd(fast_in))
 
-    def why_not_native(self) -> str | None:
-        """What keeps this recording from the native op runner (the first op without a record), or None."""
-        for op in self.ops:
-            if op.record is None:
-                return op.why
-        return None
-
 
 class RenderFailed(Exception):
     """A written-down step could not be made on the pixels as the draw expected (its caller redoes the batch)."""
