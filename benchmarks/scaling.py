@@ -11,6 +11,7 @@ One command, under 8 minutes on 16 cores; ``--quick`` for a 2-core machine (abou
 - ``stock, num_workers=N``: stock torch/torchvision, ``persistent_workers=True``, stock's defaults otherwise;
 - ``threads``: the patch, ``num_workers=0``, ``loader_threads=N``;
 - ``workers``: the patch, ``num_workers=N`` (``persistent_workers=True``);
+- ``auto``: the patch, ``num_workers=0``, ``loader_threads="auto"`` (it should never lose to a fixed count);
 
 the patch with its decoded-image cache off and warm (one cache folder for every run: the first warm run's
 first epoch fills it). Each configuration runs once in a fresh process: a first epoch (starts the workers,
@@ -19,7 +20,8 @@ The patched runs set ``torch.set_num_threads(--torch-threads)`` (1, as a DataLoa
 16 OpenMP threads beside 16 loader threads oversubscribes the cores); stock keeps its defaults.
 
 **GIL per image.** For pets, (b) and (c), cache off and warm, the patch with ``--gil-threads`` loader threads
-(2) and batch ``--gil-batch`` (16), and stock pets one by one for reference: after the first epoch the process
+(2) and batch ``--gil-batch`` (16), and stock pets one by one for reference (all with ``--torch-threads``: idle
+OpenMP threads spinning beside the loader would count as CPU time of the images): after the first epoch the process
 starts ``py-spy record --gil --idle --nonblocking`` on itself for ``--gil-seconds`` and loads batches until
 py-spy exits. py-spy reads the interpreter's GIL state at each of its ``rate x seconds`` ticks and records a
 sample only when some thread holds the GIL, so samples / ticks is the share of wall time the GIL is held;
@@ -135,6 +137,9 @@ else:
 seconds = time.perf_counter() - t
 out.update(images=n, seconds=seconds, images_per_s=n / seconds, cpu_s_per_image=(cpu_s() - cpu0) / n,
            run_delay_s_per_image=(run_delay_s() - wait0) / n)
+if cfg["side"] == "patched":
+    from nano_patch.data import parallel
+    out["loader_threads"] = parallel.describe()
 print(json.dumps(out))
 """
 
@@ -193,11 +198,19 @@ def sweep(args, root: str, cache_dir: str, ns: list[int], pipelines: list[str]) 
                 key = f"{pipeline} | cache {cache} | workers | {n}"
                 rows[key] = run({**patched, "threads": 1, "workers": n})
                 _progress(key, rows[key])
+        for cache in ("off", "warm"):  # --loader-threads auto: it should never lose to fewer threads
+            key = f"{pipeline} | cache {cache} | threads | auto"
+            rows[key] = run({**base, "side": "patched", "pipeline": pipeline, "cache": cache, "threads": "auto",
+                             "workers": 0, "torch_threads": args.torch_threads or None})
+            _progress(key, rows[key])
     return rows
 
 
 def _progress(key: str, r: dict) -> None:
-    print(f"  {key}: {r['images_per_s']:.0f} images/s, {r['cpu_s_per_image'] * 1e3:.2f} ms CPU/image", flush=True)
+    auto = r.get("loader_threads", {}).get("auto")
+    chose = f" (auto: {auto['threads']} threads, rates {auto['images_per_s']})" if auto else ""
+    print(f"  {key}: {r['images_per_s']:.0f} images/s, {r['cpu_s_per_image'] * 1e3:.2f} ms CPU/image{chose}",
+          flush=True)
 
 
 GIL_CONFIGS = [(p, c) for p in ("pets", "b", "c") for c in ("off", "warm")] + [("pets", "stock")]
@@ -213,8 +226,7 @@ def gil_table(args, root: str, cache_dir: str, py_spy: str, tmp: Path) -> dict:
                    "mode": "gil", "py_spy": py_spy, "rate": args.rate, "seconds": args.gil_seconds,
                    "spy_out": str(tmp / f"spy-{rnd}-{pipeline}-{cache}.txt"), "workers": 0,
                    "side": "stock" if stock else "patched", "cache": "off" if stock else cache,
-                   "threads": 1 if stock else args.gil_threads,
-                   "torch_threads": None if stock else (args.torch_threads or None)}
+                   "threads": 1 if stock else args.gil_threads, "torch_threads": args.torch_threads or None}
             r = run(cfg)
             share = r["gil_samples"] / max(1, r["ticks"] - r["spy_errors"])
             r.update(gil_share=share, gil_s_per_image=share / r["images_per_s"])
@@ -254,6 +266,9 @@ def chart(result: dict, path: Path) -> None:
                      "patch, num_workers=N": f"{pipeline} | cache {cache} | workers"}
             for label, prefix in lines.items():
                 ax.plot(ns, [rows[f"{prefix} | {n}"]["images_per_s"] for n in ns], marker="o", label=label)
+            auto = rows.get(f"{pipeline} | cache {cache} | threads | auto")
+            if auto:
+                ax.axhline(auto["images_per_s"], color="C1", ls="--", lw=1, label="patch, loader_threads=auto")
             ax.set_xscale("log", base=2)
             ax.set_xticks(ns, [str(n) for n in ns])
             ax.set_xlabel("N")
@@ -278,6 +293,13 @@ def print_tables(result: dict) -> None:
                 s, t, w = (rows[f"{pipeline} | {k} | {n}"]["images_per_s"]
                            for k in ("stock | workers", f"cache {cache} | threads", f"cache {cache} | workers"))
                 print(f"| {n} | {s:.0f} | {t:.0f} ({t / s:.2f}x) | {w:.0f} ({w / s:.2f}x) |")
+            auto = rows.get(f"{pipeline} | cache {cache} | threads | auto")
+            if auto:
+                best = max(rows[f"{pipeline} | cache {cache} | threads | {n}"]["images_per_s"] for n in ns)
+                chose = auto.get("loader_threads", {}).get("auto", {})
+                print(f"`loader_threads=auto`: {auto['images_per_s']:.0f} images/s ({auto['images_per_s'] / best:.2f}x "
+                      f"the best fixed count; settled on {chose.get('threads')} threads, "
+                      f"rates {chose.get('images_per_s')})")
     gil = result.get("gil")
     if gil:
         print(f"\nGIL per image (py-spy --gil), {result['gil_setup']}; medians of {result['gil_rounds']} rounds")
