@@ -28,6 +28,7 @@ from .pixels import OP_CROP, OP_KERNELS, Recording, TensorTail
 
 #: The native tail kinds (``native.h``'s NANO_TAIL_*).
 BYTES, PLANES_F32, PLANES_F64, PIXELS_F32, PIXELS_F64 = range(5)
+_F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
 #: Where a sample's render is counted in the run report.
 REPORT_KEY = "vision_transforms"
 
@@ -106,10 +107,11 @@ def prepare(recording: Recording) -> NativeRun | str:
         kind, table = BYTES, None
     else:
         table = tail.table
-        if table.dtype not in (np.float32, np.float64):
-            return f"a tensor tail of {table.dtype}"
-        f64 = table.dtype == np.float64
-        kind = (PLANES_F64 if f64 else PLANES_F32) if tail.tail.to_tensor else (PIXELS_F64 if f64 else PIXELS_F32)
+        dtype = table.dtype
+        if dtype is not _F32 and dtype is not _F64 and dtype not in (_F32, _F64):  # (identity first: it is cheap)
+            return f"a tensor tail of {dtype}"
+        f64 = dtype is _F64 or dtype == _F64
+        kind = (PLANES_F64 if f64 else PLANES_F32) if tail.planes else (PIXELS_F64 if f64 else PIXELS_F32)
     return NativeRun(tuple(records), kind, table, (h, w, channels))
 
 
@@ -235,17 +237,16 @@ def batch_tensor(jobs: list[NativeRun]) -> Any:
     if layout is None:
         return None
     base = torch.empty_strided(layout[0], layout[1], dtype=dtype)
-    for k, job in enumerate(jobs):
-        slot = base[k]
+    arrays = base.numpy()  # one NumPy view, indexed per slot (cheaper than a tensor's indexing)
+    for k, (job, slot) in enumerate(zip(jobs, base.unbind(0))):
         if tuple(slot.stride()) != strides:  # they differ on a size-1 dimension: the sample's own strides
             slot = slot.as_strided(shape, strides)
-        view = slot if first.planes else slot.permute(1, 2, 0)
-        job.slot = view.numpy()
-        if not job.slot.flags.c_contiguous:
+        view = arrays[k] if first.planes else arrays[k].transpose(1, 2, 0)
+        if not view.flags.c_contiguous:
             for j in jobs:
                 j.slot, j.slot_tensor = None, None
             return None
-        job.slot_tensor = collate.mark_slot(slot, base, k)
+        job.slot, job.slot_tensor = view, collate.mark_slot(slot, base, k)
     return base
 
 

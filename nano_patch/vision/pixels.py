@@ -492,21 +492,23 @@ class TensorTail(Op):
     (None for a uint8 tensor).
     """
 
-    __slots__ = ("tail", "uint8", "channels", "table")
+    __slots__ = ("tail", "uint8", "channels", "table", "planes", "to_bytes")
 
     def __init__(self, tail: Any, uint8: bool, channels: int) -> None:
         self.tail, self.uint8, self.channels = tail, uint8, channels
+        #: ToTensor's layout (C x H x W planes), else PILToTensor's (a view of H x W x C pixels)
+        self.planes = bool(tail.to_tensor)
+        #: the pixels as a uint8 tensor: PILToTensor alone, or the uint8 stand-in for ToTensor
+        self.to_bytes = uint8 or (len(tail) == 1 and not self.planes)
         self.table = None if self.to_bytes else tail.table(channels)
-        if self.to_bytes or self.table is not None and (tail.to_tensor or self.table.shape[0] == channels):
+        if self.to_bytes or self.table is not None and (self.planes or self.table.shape[0] == channels):
             self._native((0, 0, 0, 0, 0, 0.0, None))
         else:
             self._native(None, "the tensor tail runs stock code" if self.table is None else
                          "a grey image normalised to three channels after PILToTensor")
 
-    @property
-    def to_bytes(self) -> bool:
-        """The tail is PILToTensor (or the uint8 stand-in for ToTensor): the pixels as a uint8 tensor."""
-        return self.uint8 or (len(self.tail) == 1 and not self.tail.to_tensor)
+    def _key(self) -> tuple[Any, ...]:
+        return (self.tail, self.uint8, self.channels)
 
     def apply(self, px: Pixels) -> Any:
         out = self.tail.tensor_from(px, self.uint8)
