@@ -8,9 +8,10 @@ with the decoded-image cache off and warm (filled by a first pass):
   PIL's open checks with the cache off; the key and the entry with it warm;
 - ``draw``: ``_source`` and the plan's draws on a Recording (``_draw``), pipelines pets, (b) and (c).
 
-Each (pipeline, cache) in a fresh process, 3 passes over the files after the first, median pass; rounds
-interleaved, medians. Run it against another checkout with ``PYTHONPATH=/that/checkout`` to compare (a checkout
-whose ``_source`` takes the dataset's file index is given it, as its batch path does).
+Each (pipeline, cache) in a fresh process, 9 passes over the files after the first, the garbage collector off (as
+``timeit``), the fastest pass (other load on the machine only adds time); rounds interleaved, medians. Run it
+against another checkout with ``PYTHONPATH=/that/checkout`` to compare (a checkout whose ``_source`` takes the
+dataset's file index is given it, as its batch path does).
 
     python benchmarks/draw_cost.py [--per-class 100] [--rounds 3] [--stem draw_cost]
 """
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results"
 
 CHILD = r"""
-import inspect, json, statistics, sys, time
+import gc, inspect, json, sys, time
 cfg = json.loads(sys.argv[1])
 import nano_patch
 nano_patch.patch_torch(loader_threads=2, cache_decoded="on" if cfg["cache"] == "warm" else "off",
@@ -56,9 +57,10 @@ if "index" in inspect.signature(batch._source).parameters:  # the in-memory inde
     from nano_patch.vision import file_index
     extra = (file_index.for_dataset(ds) if store is not None else None,)
 out = {}
+gc.disable()  # as timeit: a collection of the whole heap (torch's objects) would land on one pass or another
 for part in ("source", "draw"):
     passes = []
-    for _ in range(4):
+    for _ in range(10):
         t = time.perf_counter()
         if part == "source":
             for p in paths:
@@ -67,7 +69,7 @@ for part in ("source", "draw"):
             for p in paths:
                 batch._draw(p, tf, store, crop_window, *extra)
         passes.append((time.perf_counter() - t) / len(paths))
-    out[part + "_us"] = statistics.median(passes[1:]) * 1e6
+    out[part + "_us"] = min(passes[1:]) * 1e6  # the least disturbed pass: other load only adds time
 print(json.dumps(out))
 """
 
