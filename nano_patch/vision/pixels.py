@@ -14,6 +14,7 @@ The step runners that call these are in ``steps.py`` (torchvision's v1 transform
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -440,11 +441,30 @@ class Grey(Op):
         return px.grey(self.channels)
 
 
+#: Point tables by kernel and arguments (a policy's magnitudes repeat): worked out once.
+_POINT_TABLES: dict[tuple[Any, ...], bytes | None] = {}
+_point_tables_lock = threading.Lock()
+
+
 def _point_table(kernel: Callable[..., np.ndarray], args: tuple[Any, ...]) -> bytes | None:
     """The 256-entry table of a per-value point kernel with these arguments (the kernel's own arithmetic, run
     once on the 256 values), or None where the kernel is not one (a histogram op) or refuses them."""
     if kernel not in (K.posterize, K.solarize, K.invert, K._lut):
         return None  # autocontrast, equalize: their tables depend on the image's histogram
+    key = (kernel, *((type(a), a) for a in args)) if all(type(a) in (int, float) for a in args) else None
+    if key is not None:
+        with _point_tables_lock:  # loaders in several threads
+            if key in _POINT_TABLES:
+                return _POINT_TABLES[key]
+    table = _point_table_of(kernel, args)
+    if key is not None:
+        with _point_tables_lock:
+            if len(_POINT_TABLES) < 4096:
+                _POINT_TABLES[key] = table
+    return table
+
+
+def _point_table_of(kernel: Callable[..., np.ndarray], args: tuple[Any, ...]) -> bytes | None:
     try:
         table = kernel(np.arange(256, dtype=np.uint8).reshape(1, 256), *args)
     except Exception:  # noqa: BLE001 - the Python path raises it again, where it did

@@ -357,12 +357,13 @@ def run(compose: Any, img: Image.Image | Pixels, *, skip: int = 0, uint8_tail: b
 
 
 def _record_tail(x: Recording, tail: Tail, uint8: bool, last: bool) -> Recording:
-    """Write down the tensor tail, where the render can make it as :func:`_tensor_from` would."""
+    """Write down the tensor tail, where the render can make it as :meth:`Tail.tensor_from` would."""
     if not last:
         raise NotSplittable("steps after the tensor tail run stock code on the tensor", True)
-    if not (uint8 or len(tail) == 1 and not tail.to_tensor) and tail.table(1 if x.mode == "L" else 3) is None:
+    end = P.TensorTail(tail, uint8, 1 if x.mode == "L" else 3)
+    if not end.to_bytes and end.table is None:
         raise NotSplittable("the tensor tail runs stock code", True)
     if report.stats is not None:
         report.stats.count("vision_transforms", True, " + ".join(type(s).__name__ for s in tail.steps))
-    x.end_in_tensor(tail, uint8)
+    x.ops.append(end)
     return x
