@@ -70,14 +70,16 @@ for part in ("source", "draw"):
                 batch._draw(p, tf, store, crop_window, *extra)
         passes.append((time.perf_counter() - t) / len(paths))
     out[part + "_us"] = min(passes[1:]) * 1e6  # the least disturbed pass: other load only adds time
+out["nano_patch"] = nano_patch.__file__
 print(json.dumps(out))
 """
 
 
 def run(cfg: dict) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NANO_PATCH_", "_NANO_PATCH"))}
+    # cwd: not the checkout (``python -c`` puts the cwd first on sys.path, before PYTHONPATH)
     proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cfg)], capture_output=True, text=True, env=env,
-                          check=False)
+                          check=False, cwd=tempfile.gettempdir())
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-3000:])
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -94,7 +96,6 @@ def main() -> None:
     from make_photo_folder import build
     from train import _cpu_name
 
-    import nano_patch
 
     runs: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp_name:
@@ -105,9 +106,10 @@ def main() -> None:
                 for cache in ("off", "warm"):
                     cfg = {"root": root, "pipeline": pipeline, "cache": cache, "cache_dir": str(tmp / "cache")}
                     runs.setdefault(f"{pipeline} | cache {cache}", []).append(run(cfg))
+    used = {r.pop("nano_patch") for rs in runs.values() for r in rs}
     rows = {k: {part: statistics.median(r[part] for r in rs) for part in rs[0]} for k, rs in runs.items()}
     result = {"machine": f"{_cpu_name()}, {len(os.sched_getaffinity(0))} usable CPUs",
-              "nano_patch": str(Path(nano_patch.__file__).parent), "rounds": args.rounds, "rows": rows,
+              "nano_patch": sorted(used), "rounds": args.rounds, "rows": rows,
               "runs": runs}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.stem}.json").write_text(json.dumps(result, indent=2))

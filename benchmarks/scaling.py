@@ -140,6 +140,7 @@ out.update(images=n, seconds=seconds, images_per_s=n / seconds, cpu_s_per_image=
 if cfg["side"] == "patched":
     from nano_patch.data import parallel
     out["loader_threads"] = parallel.describe()
+    out["nano_patch"] = os.path.dirname(nano_patch.__file__)
 print(json.dumps(out))
 """
 
@@ -149,8 +150,10 @@ def _env() -> dict[str, str]:
 
 
 def run(cfg: dict) -> dict:
+    # cwd: not the checkout (``python -c`` puts the cwd first on sys.path, before PYTHONPATH): the children import
+    # the nano_patch this script imports, so that ``PYTHONPATH=/other/checkout`` measures that checkout
     proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cfg)], capture_output=True, text=True,
-                          env=_env(), check=False)
+                          env=_env(), check=False, cwd=tempfile.gettempdir())
     if proc.returncode != 0:
         raise RuntimeError(f"{cfg}: {proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -380,11 +383,14 @@ def main() -> None:
                 except RuntimeError as exc:  # py-spy could not attach (permissions), or a run failed
                     result["gil_skipped"] = str(exc)[-2000:]
                     warnings.warn(f"the GIL table failed: {result['gil_skipped']}", stacklevel=1)
+    runs = list(result["rows"].values()) + [r for g in result.get("gil", {}).values() for r in g["runs"]]
+    result["children_nano_patch"] = sorted({r["nano_patch"] for r in runs if "nano_patch" in r})
     result["total_s"] = time.perf_counter() - began
     (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2))
     chart(result, RESULTS / f"{stem}.png")
     print_tables(result)
-    print(f"\n{result['total_s']:.0f} s in all; results/{stem}.json and .png")
+    print(f"\nthe patched runs imported nano_patch from {', '.join(result['children_nano_patch'])}")
+    print(f"{result['total_s']:.0f} s in all; results/{stem}.json and .png")
 
 
 if __name__ == "__main__":
