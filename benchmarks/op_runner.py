@@ -10,7 +10,7 @@ in one thread, from decoded arrays (no JPEG decode: the warm-cache case):
   ``nano_patch.vision._native`` is wrapped to add up its thread time; their argument parsing counts here too);
 - ``GIL``: CPU minus kernels: the render's time holding the GIL, and ``f`` = GIL / CPU for the render step;
 - ``collate``: ``default_collate`` of the batch's samples (a ``torch.stack`` copy, or nothing where the op
-  runner wrote the batch tensor), apart.
+  runner wrote the batch tensor), and freeing the batch and its samples, apart.
 
 Draws are made once, before (the calling thread's part; not measured here). The Python path and the op runner run
 in one fresh process per round, epoch by epoch interleaved; medians over rounds. ``--baseline DIR`` also runs the
@@ -90,7 +90,8 @@ def epoch(render):
         t = time.thread_time()
         out = render(recs[i:i + B], arrays[i:i + B])
         t2 = time.thread_time()
-        default_collate(out)
+        batch = default_collate(out)
+        del out, batch  # freed here (a big tensor's pages go back to the OS): counted with the collation
         cpu += t2 - t
         coll += time.thread_time() - t2
     return cpu, inside[0], coll
