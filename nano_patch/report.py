@@ -83,6 +83,12 @@ class Stats:
         with self._lock:
             self.seconds[key] += seconds
 
+    def add_cache(self, figures: dict[str, float]) -> None:
+        """Add to the decoded-image cache's figures (hits, misses, stored, bytes, decode seconds and pixels)."""
+        with self._lock:
+            for key, value in figures.items():
+                self.cache[key] += value
+
     def add_loader(self, figures: dict[str, float]) -> None:
         """Add to the loader's figures (``parallel_threads`` keeps the largest)."""
         with self._lock:

@@ -54,6 +54,7 @@ PIPELINES = {
     "TrivialAugmentWide": lambda: T.Compose([T.Resize(100), T.RandomCrop(90), T.TrivialAugmentWide(),
                                              T.RandomHorizontalFlip(), T.PILToTensor()]),
     "timm RandAugment": _timm_ra,
+    "timm train": lambda: _timm_train(),
 }
 #: Pipelines the plan cannot split: still exact, one by one.
 ONE_BY_ONE = {
@@ -61,6 +62,12 @@ ONE_BY_ONE = {
     "a Lambda": lambda: T.Compose([T.RandomResizedCrop(64), T.Lambda(lambda im: im.rotate(5)), T.ToTensor()]),
     "v2": lambda: _v2(),
 }
+
+
+def _timm_train():
+    from timm.data import create_transform
+
+    return create_transform(96, is_training=True)  # ends in timm's MaybeToTensor + Normalize
 
 
 def _v2():
@@ -92,7 +99,7 @@ def _equal(stock, patched):
             continue
         assert len(want) == len(got)
         for (wx, wy), (gx, gy) in zip(want, got):
-            assert wx.dtype == gx.dtype and wx.shape == gx.shape and torch.equal(wx, gx)
+            assert wx.dtype == gx.dtype and wx.shape == gx.shape and wx.stride() == gx.stride() and torch.equal(wx, gx)
             assert torch.equal(wy, gy)
 
 
@@ -216,7 +223,7 @@ def test_the_pool_is_sized_to_the_usable_cores(monkeypatch, tmp_path):
     monkeypatch.setattr(parallel, "_cgroup_quota", lambda: 2.5)  # a container given 2.5 CPUs
     assert parallel.usable_cores() == 3
     nano_patch.patch_torch()
-    assert parallel.threads() == 3
+    assert parallel._auto_threads().ladder == [1, 2, 3]  # auto tries counts up to the usable cores
 
 
 def _timm_epochs(folder, make, epochs=2):
@@ -253,3 +260,25 @@ def test_timm_skips_a_broken_file_in_a_batch_as_stock(mixed_folder, tmp_path):
     stock = _timm_epochs(root, PIPELINES["pets"])
     nano_patch.patch_torch(loader_threads=2)
     _equal(stock, _timm_epochs(root, PIPELINES["pets"]))
+
+
+@pytest.mark.parametrize("name", ["pets", "c", "reference", "grey and flips", "timm train"])
+def test_every_sample_renders_in_one_native_call_and_tensor_batches_collate_without_a_copy(mixed_folder, monkeypatch,
+                                                                                           name):
+    """The op runner renders every sample of these pipelines (one call each); where the tail is ToTensor's, the
+    batch tensor the samples were written into is the collated batch itself (and equal to stock's, checked above)."""
+    if name.startswith("timm"):
+        pytest.importorskip("timm")
+    from nano_patch.data import collate
+    from nano_patch.vision import oprunner
+
+    runs, collated = [], []
+    real_run, real_batch_of = oprunner.run, collate.batch_of
+    monkeypatch.setattr(oprunner, "run", lambda job, a: runs.append(job) or real_run(job, a))
+    monkeypatch.setattr(collate, "batch_of", lambda batch: collated.append(real_batch_of(batch)) or collated[-1])
+    stock = _epochs(mixed_folder, PIPELINES[name], epochs=1)
+    nano_patch.patch_torch(loader_threads=2)
+    _equal(stock, _epochs(mixed_folder, PIPELINES[name], epochs=1))
+    assert len(runs) == 12  # every sample of the epoch
+    tensor_tail = name in ("pets", "c", "timm train")  # ToTensor's layout is stack's; PILToTensor's is not
+    assert [c is not None for c in collated] == [tensor_tail] * 3

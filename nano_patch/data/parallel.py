@@ -5,6 +5,11 @@ patched dataset renders its samples here. Inside DataLoader worker processes it 
 worker is already one of many processes). Sized to the cores this process may use: its affinity mask,
 and the cgroup's CPU quota where one is set (a container given 2 CPUs of a 64-core host gets 2 threads).
 
+``auto`` does not take every core on trust: the serial part of each sample (its draws, in the calling thread,
+and what of its render holds the GIL) makes more threads slower past a point that depends on the pipeline, the
+cache and the machine. :class:`AutoThreads` chooses the count from the batches' own throughput as the process
+runs (the rule is in its docstring and in docs/reference.md).
+
 Shared state is a lock-guarded pool and setting, so that it stays correct on a free-threaded Python.
 """
 
@@ -13,8 +18,10 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -27,12 +34,102 @@ _pool_size = 0
 _pool_pid = 0
 
 
+class AutoThreads:
+    """``--loader-threads auto``: the thread count, chosen from the throughput the process measures.
+
+    The counts tried are 1, 2, 4, ... up to the usable cores (and the usable cores themselves). Each is held for
+    a window of at least ``WINDOW_BATCHES`` batches and ``WINDOW_SECONDS`` of loading, and its rate is the
+    window's samples over the seconds its batches took to load (draws and renders: what the thread count
+    changes). Starting from 1 thread, the next count is tried only while the last one was faster than the one
+    before by more than ``MARGIN``; the climb stops at the first that is not, and the process keeps the fastest
+    count measured (so never a count slower than 1 thread, nor than any fewer threads measured). Every
+    ``RECHECK_BATCHES`` batches the climb runs again from one count below the kept one (a warm cache, or
+    another load on the machine, moves the best count): each recheck can move it one step down, or up while
+    more threads keep paying.
+    """
+
+    WINDOW_BATCHES = 3
+    WINDOW_SECONDS = 0.05
+    MARGIN = 0.05
+    RECHECK_BATCHES = 200
+
+    def __init__(self, cores: int) -> None:
+        ladder, n = [], 1
+        while n < cores:
+            ladder.append(n)
+            n *= 2
+        self.ladder = [*ladder, cores]
+        self.rates: dict[int, float] = {}
+        self.step = 0  # index into the ladder of the count in use
+        self.climbing = True
+        self._samples, self._seconds, self._batches = 0, 0.0, 0
+        self._since_check = 0
+        self._lock = threading.Lock()
+
+    def current(self) -> int:
+        return self.ladder[self.step]
+
+    def record(self, n_threads: int, samples: int, seconds: float) -> None:
+        """A batch of ``samples`` loaded on ``n_threads`` threads in ``seconds``."""
+        with self._lock:
+            if n_threads != self.ladder[self.step]:
+                return  # measured before the last change: not this window's
+            if not self.climbing:
+                self._since_check += 1
+                if self._since_check >= self.RECHECK_BATCHES:
+                    self._since_check, self.climbing, self.rates = 0, True, {}
+                    self.step = max(0, self.step - 1)
+                return
+            self._samples += samples
+            self._seconds += seconds
+            self._batches += 1
+            if self._batches < self.WINDOW_BATCHES or self._seconds < self.WINDOW_SECONDS:
+                return
+            rate = self._samples / self._seconds
+            self.rates[self.current()] = rate
+            self._samples, self._seconds, self._batches = 0, 0.0, 0
+            below = self.rates.get(self.ladder[self.step - 1]) if self.step > 0 else None
+            if (below is None or rate > below * (1 + self.MARGIN)) and self.step + 1 < len(self.ladder):
+                self.step += 1  # more threads paid (or nothing to compare yet): try the next count
+                return
+            best = max(self.rates, key=self.rates.__getitem__)
+            self.step, self.climbing = self.ladder.index(best), False
+
+    def describe(self) -> dict[str, Any]:
+        return {"threads": self.current(), "climbing": self.climbing,
+                "images_per_s": {str(n): round(r, 1) for n, r in sorted(self.rates.items())}}
+
+
+_auto: AutoThreads | None = None
+
+
 def configure(setting: int | str) -> None:
-    """``setting``: a thread count, ``"auto"`` (the usable cores) or ``"off"`` (one by one, as stock)."""
-    global _setting
+    """``setting``: a thread count, ``"auto"`` (chosen as the process runs: :class:`AutoThreads`) or ``"off"``
+    (one by one, as stock)."""
+    global _setting, _auto
     with _lock:
         _setting = setting
+        _auto = None
         _drop_pool()
+
+
+def _auto_threads() -> AutoThreads:
+    global _auto
+    auto = _auto
+    if auto is None or auto.ladder[-1] != usable_cores():
+        with _lock:
+            if _auto is None or _auto.ladder[-1] != usable_cores():
+                _auto = AutoThreads(usable_cores())
+            auto = _auto
+    return auto
+
+
+def _after_fork_in_child() -> None:
+    global _auto
+    _auto = None  # a worker process loads one by one; a forked rank measures its own throughput
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _drop_pool() -> None:
@@ -84,7 +181,22 @@ def threads() -> int:
     setting = _setting
     if setting == "off" or in_worker_process():
         return 1
-    return usable_cores() if setting == "auto" else int(setting)
+    return _auto_threads().current() if setting == "auto" else int(setting)
+
+
+def measuring() -> bool:
+    """Whether batches are timed for ``auto``'s choice in this process (:func:`measured`)."""
+    return _setting == "auto" and not in_worker_process()
+
+
+@contextmanager
+def measured(n_threads: int, samples: int) -> Iterator[None]:
+    """Time the loading of one batch of ``samples`` on ``n_threads`` (from :func:`threads`), for ``auto``'s
+    choice; a batch that raises is not counted."""
+    start = time.perf_counter()
+    yield
+    if samples > 1 and measuring():
+        _auto_threads().record(n_threads, samples, time.perf_counter() - start)
 
 
 def map_in_order(fn: Callable[[T], R], items: Iterable[T], n_threads: int) -> list[R]:
@@ -182,5 +294,8 @@ def _executor(n_threads: int) -> ThreadPoolExecutor:
 
 
 def describe() -> dict[str, Any]:
-    """For ``nano-patch status`` and the run report."""
-    return {"setting": _setting, "threads": threads(), "usable_cores": usable_cores()}
+    """The setting, the count in use and, under ``auto``, the rates it measured."""
+    out = {"setting": _setting, "threads": threads(), "usable_cores": usable_cores()}
+    if _setting == "auto" and _auto is not None:
+        out["auto"] = _auto.describe()
+    return out

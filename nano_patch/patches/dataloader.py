@@ -57,9 +57,10 @@ class DataLoaderPatch(Patch):
     def _apply(self, module: ModuleType, options: Options) -> None:
         from torch.utils.data._utils import fetch as torch_fetch
 
-        from ..data import batches, fetch, parallel
+        from ..data import batches, collate, fetch, parallel
 
         parallel.configure(options.loader_threads)
+        collate.install()  # a batch the loader's threads rendered into one tensor is collated as that tensor
         fetcher = torch_fetch._MapDatasetFetcher
         self.record.replace(fetcher, "fetch", fetch.make_fetch(vars(fetcher)["fetch"], module.Subset))
 
@@ -138,6 +139,7 @@ class DataLoaderPatch(Patch):
         self.record.wrap(module.DataLoader, "__iter__", iter_)
 
     def _revert(self) -> None:
-        from ..data import parallel
+        from ..data import collate, parallel
 
         parallel.configure("off")
+        collate.uninstall()

@@ -93,6 +93,15 @@ def _getitems(dataset_cls: type, reader_cls: type, reader_methods: dict[str, Any
 
     def getitems(self: Any, indices: list[int]) -> list[Any] | None:
         n_threads = parallel.threads()
+        with parallel.measured(n_threads, len(indices)):  # for --loader-threads auto's choice
+            out = load(self, indices, n_threads)
+            if out is None and parallel.measuring():
+                # auto compares this batch's time with other counts': stock's loop runs here, inside the timing,
+                # exactly as the fetcher would run it (``dataset[i]`` for each index, in order)
+                out = [self[i] for i in indices]
+            return out
+
+    def load(self: Any, indices: list[int], n_threads: int) -> list[Any]:
         if n_threads > 1 and _inherits_getitem(type(self), dataset_cls) and \
                 _why_timm_code(self, reader_cls, stock_getitem) is None:
             try:

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from .. import report
-from . import cache, decode, native, pipeline, plan
+from . import cache, decode, file_index, native, oprunner, pipeline, plan, source
 from .image import FastImage, plain
 
 #: A sample's pixels, as the draw found them: one of these kinds, with what the render needs.
@@ -58,6 +58,8 @@ class Job:
     material: bytes | None = None
     #: stock's ``Image.open(path).info``, where the sample can be an image (None where no image leaves the plan)
     info: dict[Any, Any] | None = None
+    #: the recording as one native call (``oprunner``), or None: ``plan.render`` in Python
+    native: oprunner.NativeRun | None = None
 
 
 @dataclass
@@ -186,6 +188,7 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
 
     stats = report.stats
     store = cache.store_for(dataset)
+    index = file_index.for_dataset(dataset) if store is not None else None
     the_plan = plan.plan_for(transform) if transform is not None else None
     crop_window = the_plan is not None and the_plan.crop_first and native.available("crop_decode")
     beyond = _draws_beyond_torch(the_plan) or target_transform is not None
@@ -198,7 +201,7 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
         path = entries[k][0]
         states = _states(beyond)
         try:
-            job = _source(path, store, crop_window)
+            job = _source(path, store, crop_window, index)
             if with_info:
                 job.info = decode.image_info(path, job.data)
         except _GuardRaised as raised:
@@ -221,6 +224,8 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
         jobs.append(job)
         before.append(states)
     after = _states(beyond) if jobs else None
+    for job, run in zip(jobs, oprunner.prepare_batch([j.recording for j in jobs])):
+        job.native = run  # (all of them: into one batch tensor, which default_collate then takes as it is)
     drawn = time.perf_counter()
     state = torch_state.capture() if n_threads > 1 and len(jobs) > 1 else None
     outcomes = parallel.map_outcomes(_render, jobs, n_threads, state)
@@ -261,8 +266,7 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
     if store is not None:
         for job, (ok, r) in zip(jobs[:committed], outcomes):
             if ok and job.material is not None and r.decoded is not None:
-                stored = r.reproducible and store.put(job.material, r.decoded)
-                cache.count_miss(r.decoded, r.decode_s, stored)
+                source.record_miss(store, job.material, r.decoded, r.decode_s, r.reproducible)
     if stats is not None and committed:
         rendered_s = [r.render_s for ok, r in outcomes[:committed] if ok]
         stats.count("dataloader", True, f"batch loaded on {n_threads} threads (draws in stock's order)")
@@ -304,21 +308,14 @@ def _draw(job: Job, transform: Any) -> None:
         job.recording = pipeline.run_compose(transform, plan.Recording(hw))
 
 
-def _source(path: Any, store: cache.Store | None, crop_window: bool) -> Job:
-    material = None
-    if store is not None:
-        material = cache.key_material(path, "RGB")
-        if material is not None:
-            a = store.get(material)
-            if a is not None:
-                _guard(decode.check_size, a.shape[0], a.shape[1])  # stock's size rule, as its open of the file
-                from . import loading
-
-                if report.stats is not None:
-                    loading._count_hit(path, a, False)
-                return Job(ARRAY, path, None, array=a)
-            if not store.accepting:
-                material = None
+def _source(path: Any, store: cache.Store | None, crop_window: bool, index: file_index.FileIndex | None = None
+            ) -> Job:
+    """Where the sample's pixels come from (``source.look_up``: a cache hit, a miss to decode and store, or no
+    cache), and, for a JPEG to decode, its size from the header, after PIL's open checks."""
+    found = source.look_up(store, path, index=index, size_rule=lambda h, w: _guard(decode.check_size, h, w))
+    if found.kind == source.HIT:  # stock's size rule applied, as its open of the file
+        return Job(ARRAY, path, None, array=found.array)
+    material = found.material  # a miss to store, or None
     data = decode.read_bytes(path)
     size = decode.jpeg_size(data)
     # PIL's guards on the header, in this thread, in stock's order (before this sample's draws)
@@ -330,10 +327,10 @@ def _source(path: Any, store: cache.Store | None, crop_window: bool) -> Job:
         size = None  # PIL's open rejects the bytes: PIL decodes the file below and raises stock's error
     if size is None:
         # not a JPEG libjpeg-turbo takes like PIL: PIL decodes it now, in this thread, as one by one
+        start = time.perf_counter()
         a, reproducible = decode.decode_rgb_reproducibly(path, data=data)
         if material is not None:
-            stored = reproducible and store.put(material, a)
-            cache.count_miss(a, 0.0, stored)
+            source.record_miss(store, material, a, time.perf_counter() - start, reproducible)
         return Job(ARRAY, path, None, array=a, data=data)
     if material is None and crop_window:
         return Job(JPEG_WINDOW, path, None, data=data, size=size)
@@ -343,6 +340,9 @@ def _source(path: Any, store: cache.Store | None, crop_window: bool) -> Job:
 def _render(job: Job) -> Rendered:
     start = time.perf_counter()
     decoded, reproducible, decode_s = None, False, 0.0
+    if job.kind == JPEG_WINDOW and job.native is not None:
+        sample = oprunner.run_jpeg(job.native, job.data, job.size, job.path)
+        return Rendered(sample, None, False, 0.0, time.perf_counter() - start)
     if job.kind == JPEG_WINDOW:
         px: plan.Pixels = plan.JpegPixels(job.data, job.size, job.path)
         if job.info:
@@ -358,6 +358,9 @@ def _render(job: Job) -> Rendered:
         if job.recording is None:
             return Rendered(plain(FastImage.wrap(a, job.info)), decoded, reproducible, decode_s,
                             time.perf_counter() - start)
+        if job.native is not None:
+            sample = oprunner.run(job.native, a)
+            return Rendered(sample, decoded, reproducible, decode_s, time.perf_counter() - start)
         px = plan.Pixels.of(FastImage.wrap(a, job.info))
     sample = plain(plan.render(job.recording, px))
     return Rendered(sample, decoded, reproducible, decode_s, time.perf_counter() - start)

@@ -11,13 +11,11 @@ from __future__ import annotations
 import math
 import os
 import random
-import time
 from typing import Any
 
 import numpy as np
 
-from .. import report
-from . import cache, decode, native, pipeline, plan
+from . import cache, decode, file_index, native, pipeline, plan, source
 from . import functional as K
 from .image import FastImage, plain
 
@@ -51,57 +49,16 @@ def needs_info(transform: Any) -> bool:
     return not (n and n - 1 in covered and all(i in covered or p.runners[i] is not None for i in range(n)))
 
 
-def cached(store: cache.Store, path: str | os.PathLike[str], native_mode: bool = False) -> np.ndarray | None:
-    """The full decode of ``path`` through ``store``: a hit's view, or a miss decoded and added.
+def cached(store: cache.Store, path: str | os.PathLike[str], native_mode: bool = False,
+           dataset: Any = None) -> np.ndarray | None:
+    """The full decode of ``path`` through ``store``: a hit's view, or a miss decoded and added
+    (:func:`source.load`, through ``dataset``'s index of its files).
 
     ``native_mode``: the JPEG's own mode (grey stays H x W), as :func:`decode.decode_jpeg_native`.
     None when the store missed and takes no more entries (full, or no disk space), or the file is
     not one this decoder handles (``native_mode``): the caller decodes as it would without a cache.
     """
-    material = cache.key_material(path, "native" if native_mode else "RGB")
-    if material is None:
-        return None  # cannot stat it: the decode raises stock's error
-    a = store.get(material)
-    if a is not None:
-        # Stock opens the file each time, and PIL's size rule acts there: a limit lowered since the
-        # image was stored must act on the hit (the entry is the full decode, so its shape is the size).
-        if not decode.open_stage_ran(path):
-            decode.check_size(a.shape[0], a.shape[1])
-        if report.stats is not None:
-            _count_hit(path, a, native_mode)
-        return a
-    if not store.accepting:
-        return None
-    start = time.perf_counter()
-    if native_mode:
-        a, reproducible = decode.decode_jpeg_native(path), True
-        if a is None:
-            return None
-    else:
-        a, reproducible = decode.decode_rgb_reproducibly(path)
-    seconds = time.perf_counter() - start
-    stored = reproducible and store.put(material, a)
-    cache.count_miss(a, seconds, stored)
-    return a
-
-
-_timed_a_decode = False
-
-
-def _count_hit(path: str | os.PathLike[str], a: np.ndarray, native_mode: bool) -> None:
-    """Count a hit; once per process, time the decode it saved, so the report can estimate the total."""
-    global _timed_a_decode
-    cache.count_hit(a)
-    stats = report.stats
-    if stats is not None and not _timed_a_decode:
-        _timed_a_decode = True
-        start = time.perf_counter()
-        if native_mode:  # checked: the hit already applied stock's size rule, warn no second time
-            decode.decode_jpeg_native(path, checked=True)
-        else:
-            decode.decode_rgb(path, checked=True)
-        stats.cache["decode_s"] += time.perf_counter() - start
-        stats.cache["decode_px"] += a.shape[0] * a.shape[1]
+    return source.load(store, path, native_mode, file_index.for_dataset(dataset))
 
 
 def default_loader(path: str | os.PathLike[str]) -> Any:
@@ -156,7 +113,7 @@ def _load(path: str | os.PathLike[str], compose: Any, dataset: Any) -> tuple[Any
     """The image for ``compose``: (array, leading steps it already applied, None), or (None, 0, pixels not
     decoded yet) when the plan starts with a crop and a JPEG need only decode its window."""
     store = cache.store_for(dataset)
-    a = cached(store, path) if store is not None else None
+    a = cached(store, path, dataset=dataset) if store is not None else None
     if a is not None or compose is None:
         return (decode.decode_rgb(path) if a is None else a), 0, None
     data = None
@@ -196,7 +153,7 @@ def _run_deferred(compose: Any, px: plan.JpegPixels, wrap_load_errors: bool) -> 
 def load_native_transformed(path: str | os.PathLike[str], transform: Any, dataset: Any = None) -> Any:
     """A JPEG in its own mode (grey stays "L"), transformed; None if it is not a JPEG this decoder takes."""
     store = cache.store_for(dataset)
-    a = cached(store, path, native_mode=True) if store is not None else None
+    a = cached(store, path, native_mode=True, dataset=dataset) if store is not None else None
     if a is None:
         a = decode.decode_jpeg_native(path)
         if a is None:

@@ -394,6 +394,113 @@ static PyObject *py_planes_lut(PyObject *self, PyObject *args) { return float_ta
 
 static PyObject *py_pixels_lut(PyObject *self, PyObject *args) { return float_tables(args, 0); }
 
+/* run_ops(src, ops, kind, table, dst, (height, width, channels), (order_rule, weights, grey_mode, saturation_mode)):
+ * a sample's recorded ops on src, then its tail into dst, with the GIL released once (oplist.c). ops: a tuple of
+ * (code, a, b, c, d, factor, table bytes or None); table: the tail's C x 256 float table (None for bytes); dst:
+ * C-contiguous and writable, of the final image's size. */
+static PyObject *py_run_ops(PyObject *self, PyObject *args) {
+    PyObject *src_obj, *ops_obj, *table_obj, *dst_obj;
+    nano_tail tail;
+    nano_op_settings s;
+    memset(&tail, 0, sizeof(tail));
+    if (!PyArg_ParseTuple(args, "OO!iOO(iii)(iiii):run_ops", &src_obj, &PyTuple_Type, &ops_obj, &tail.kind, &table_obj,
+                          &dst_obj, &tail.height, &tail.width, &tail.channels, &s.order_rule, &s.weights,
+                          &s.grey_mode, &s.saturation_mode))
+        return NULL;
+    Py_ssize_t n = PyTuple_Size(ops_obj);
+    if (n < 0 || n > 4096) {
+        PyErr_SetString(PyExc_ValueError, "run_ops: too many ops");
+        return NULL;
+    }
+    nano_op *ops = PyMem_Calloc(n ? (size_t)n : 1, sizeof(nano_op));
+    if (!ops)
+        return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *table = NULL;
+        nano_op *op = &ops[i];
+        if (!PyArg_ParseTuple(PyTuple_GetItem(ops_obj, i), "iiiiidO:run_ops op", &op->code, &op->a, &op->b, &op->c,
+                              &op->d, &op->factor, &table)) {
+            PyMem_Free(ops);
+            return NULL;
+        }
+        if (op->code == NANO_OP_LUT) {
+            char *bytes;
+            Py_ssize_t len;
+            if (PyBytes_AsStringAndSize(table, &bytes, &len) < 0 || len != 256) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_ValueError, "run_ops: a table op needs 256 bytes");
+                PyMem_Free(ops);
+                return NULL;
+            }
+            memcpy(op->table, bytes, 256);
+        }
+    }
+    image_arg src;
+    Py_buffer tb, db;
+    int have_table = 0, rc = 0;
+    if (get_image(src_obj, "src", 0, 0, &src) < 0) {
+        PyMem_Free(ops);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(dst_obj, &db, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        release(&src);
+        PyMem_Free(ops);
+        return NULL;
+    }
+    Py_ssize_t item = tail.kind == NANO_TAIL_BYTES ? 1
+                      : (tail.kind == NANO_TAIL_PLANES_F32 || tail.kind == NANO_TAIL_PIXELS_F32) ? 4 : 8;
+    const char *want_format = item == 1 ? "B" : item == 4 ? "f" : "d";
+    int ok = tail.kind >= NANO_TAIL_BYTES && tail.kind <= NANO_TAIL_PIXELS_F64 && tail.width > 0 &&
+             tail.height > 0 && (tail.channels == 1 || tail.channels == 3) && db.itemsize == item && db.format &&
+             strcmp(db.format, want_format) == 0;
+    Py_ssize_t rows = 1;
+    if (ok && tail.kind != NANO_TAIL_BYTES) {
+        if (PyObject_GetBuffer(table_obj, &tb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+            PyBuffer_Release(&db);
+            release(&src);
+            PyMem_Free(ops);
+            return NULL;
+        }
+        have_table = 1;
+        ok = tb.ndim == 2 && tb.shape[1] == 256 && tb.itemsize == item && tb.format &&
+             strcmp(tb.format, want_format) == 0;
+        rows = ok ? tb.shape[0] : 0;
+        /* planes: one grey plane may broadcast to several rows (stock's Normalize); pixels: a row per channel */
+        ok = ok && (tail.kind == NANO_TAIL_PLANES_F32 || tail.kind == NANO_TAIL_PLANES_F64
+                        ? (rows == tail.channels || (tail.channels == 1 && rows >= 1 && rows <= 3))
+                        : rows == tail.channels);
+        tail.table = tb.buf;
+        tail.table_rows = (int)rows;
+    } else {
+        rows = tail.channels;
+    }
+    ok = ok && db.len == (Py_ssize_t)tail.width * tail.height * rows * item;
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "run_ops: the tail's kind, table and dst do not agree");
+        rc = 1;
+    } else {
+        tail.dst = db.buf;
+        s.isa = current_isa;
+        Py_BEGIN_ALLOW_THREADS
+        rc = nano_run_ops(&src.v, ops, (int)n, &tail, &s);
+        Py_END_ALLOW_THREADS
+        if (rc == NANO_OPS_NOMEM)
+            PyErr_NoMemory();
+        else if (rc == NANO_OPS_SIZE)
+            PyErr_SetString(PyExc_ValueError, "run_ops: the ops end in another size than the tail's");
+        else if (rc)
+            PyErr_SetString(PyExc_ValueError, "run_ops: an op with bad parameters");
+    }
+    if (have_table)
+        PyBuffer_Release(&tb);
+    PyBuffer_Release(&db);
+    release(&src);
+    PyMem_Free(ops);
+    if (rc)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_isa(PyObject *self, PyObject *noargs) { return PyUnicode_FromString(isa_names[current_isa]); }
 
 static PyObject *py_best_isa(PyObject *self, PyObject *noargs) { return PyUnicode_FromString(isa_names[best_isa]); }
@@ -431,6 +538,9 @@ static PyMethodDef methods[] = {
      "of src into dst; False where PIL's result is undefined (then run PIL's code)."},
     {"planes_lut", py_planes_lut, METH_VARARGS, "planes_lut(src, tables, dst): H x W x C uint8 -> C x H x W floats."},
     {"pixels_lut", py_pixels_lut, METH_VARARGS, "pixels_lut(src, tables, dst): H x W x C uint8 -> floats."},
+    {"run_ops", py_run_ops, METH_VARARGS,
+     "run_ops(src, ops, kind, table, dst, (h, w, c), settings): a sample's recorded ops, then its tail into dst, "
+     "in one call with the GIL released (oplist.c)."},
     {"isa", py_isa, METH_NOARGS, "The instruction set the kernels use now."},
     {"best_isa", py_best_isa, METH_NOARGS, "The widest instruction set this CPU and build support."},
     {"set_isa", py_set_isa, METH_VARARGS, "set_isa(name): use 'generic', 'avx2', ... (at most best_isa())."},

@@ -98,4 +98,39 @@ enum { NANO_NEAREST = 0 };
 int nano_warp(const nano_view *src, uint8_t *dst, ptrdiff_t dst_stride, int out_w, int out_h, const double *coeffs,
               int perspective, int filter, const uint8_t *fill, int isa);
 
+/* --- oplist.c: the op runner, one sample's recorded operations and its tensor tail as one call --- */
+
+/* Op codes (pixels.py's OP_* numbers). a..d and factor are each op's parameters; table, LUT's 256 bytes. */
+enum { NANO_OP_CROP = 1, NANO_OP_RESIZE, NANO_OP_HFLIP, NANO_OP_VFLIP, NANO_OP_BRIGHTNESS, NANO_OP_CONTRAST,
+       NANO_OP_SATURATION, NANO_OP_HUE, NANO_OP_GREY, NANO_OP_LUT, NANO_OP_SHARPNESS };
+
+typedef struct {
+    int code, a, b, c, d; /* crop: top, left, height, width; resize: height, width, filter; hue: shift; grey: channels */
+    double factor;        /* brightness, contrast, saturation, sharpness */
+    uint8_t table[256];   /* LUT */
+} nano_op;
+
+/* What the tail writes into dst: the pixels as they are (H x W x C bytes), or through one float table per channel,
+ * to C x H x W planes (ToTensor) or H x W x C (PILToTensor + ConvertImageDtype). */
+enum { NANO_TAIL_BYTES = 0, NANO_TAIL_PLANES_F32, NANO_TAIL_PLANES_F64, NANO_TAIL_PIXELS_F32, NANO_TAIL_PIXELS_F64 };
+
+typedef struct {
+    int kind;
+    const void *table; /* table_rows x 256 floats or doubles */
+    int table_rows;
+    void *dst;                    /* C-contiguous, of the final image's size */
+    int width, height, channels;  /* the final image the draw worked out */
+} nano_tail;
+
+/* The checked arithmetic of the installed PIL (native.py's checks) and the instruction set. */
+typedef struct {
+    int order_rule, weights, grey_mode, saturation_mode, isa;
+} nano_op_settings;
+
+enum { NANO_OPS_NOMEM = -1, NANO_OPS_BAD = -2, NANO_OPS_SIZE = -3 };
+
+/* Runs ops[0..n_ops) on src, then the tail into tail->dst. Returns 0, or NANO_OPS_* (dst then undefined). */
+int nano_run_ops(const nano_view *src, const nano_op *ops, int n_ops, const nano_tail *tail,
+                 const nano_op_settings *s);
+
 #endif

@@ -1,0 +1,397 @@
+"""Loader scaling on a many-core machine (issue 32): stock's workers against the patch's loader threads and the
+patch's workers, for N = 1, 2, 4, 8, 16 (capped at the cores there are), and the GIL time of each image.
+
+One command, under 8 minutes on 16 cores; ``--quick`` for a 2-core machine (about 5 minutes when idle):
+
+    python benchmarks/scaling.py [--quick] [--per-class 400] [--seconds 2]
+
+**Sweep.** Pipelines pets and (b) (``benchmarks/vision.py``), batch 64, over an ImageFolder of real-photo JPEGs
+(``examples/make_photo_folder.py``; 3 classes of ``--per-class``), ``shuffle=True``, for:
+
+- ``stock, num_workers=N``: stock torch/torchvision, ``persistent_workers=True``, stock's defaults otherwise;
+- ``threads``: the patch, ``num_workers=0``, ``loader_threads=N``;
+- ``workers``: the patch, ``num_workers=N`` (``persistent_workers=True``);
+- ``auto``: the patch, ``num_workers=0``, ``loader_threads="auto"`` (it should never lose to a fixed count);
+
+the patch with its decoded-image cache off and warm (one cache folder for every run: the first warm run's
+first epoch fills it). Each configuration runs once in a fresh process: a first epoch (starts the workers,
+fills the page cache and the cache), then whole epochs until ``--seconds`` have passed; images/s is over those.
+The patched runs set ``torch.set_num_threads(--torch-threads)`` (1, as a DataLoader worker has: collation on
+16 OpenMP threads beside 16 loader threads oversubscribes the cores); stock keeps its defaults.
+
+**GIL per image.** For pets, (b) and (c), cache off and warm, the patch with ``--gil-threads`` loader threads
+(2) and batch ``--gil-batch`` (16), and stock pets one by one for reference (all with ``--torch-threads``: idle
+OpenMP threads spinning beside the loader would count as CPU time of the images): after the first epoch the process
+starts ``py-spy record --gil --idle --nonblocking`` on itself for ``--gil-seconds`` and loads batches until
+py-spy exits. py-spy reads the interpreter's GIL state at each of its ``rate x seconds`` ticks and records a
+sample only when some thread holds the GIL, so samples / ticks is the share of wall time the GIL is held;
+divided by the images/s over the same window it is the GIL time per image. The CPU time per image is the
+process's user + system time over the window. The GIL stays held while its holder waits for a core, so on a
+machine with other load the GIL time grows: the table also gives the time per image the process's threads
+waited for a core (``/proc/self/task/*/schedstat``), to tell such a run from a quiet one. ``f`` = GIL / CPU,
+and N threads give at most ``1 / (f + (1 - f) / N)`` (Amdahl). Checked against a thread that holds the GIL a
+known share of the time (pure-Python spins between hashlib calls, which release it): py-spy's share within 0.01
+at shares 0.007-0.72. ``--gil-rounds`` interleaved rounds, medians. py-spy is a dependency of the ``bench`` extra
+(pinned in constraints.txt); where it is missing, the sweep still runs and the GIL table is
+skipped with one warning (copy the wheel ``py_spy-0.4.1-py2.py3-none-manylinux_2_5_x86_64.manylinux1_x86_64.whl``
+to an offline machine, ``pip install`` it, or pass ``--py-spy PATH``). ``--gil-only`` runs only this part.
+
+Results: ``benchmarks/results/scaling[-quick].{json,png}`` (``--stem`` to change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).parent / "results"
+PY_SPY_WHEEL = "py_spy-0.4.1-py2.py3-none-manylinux_2_5_x86_64.manylinux1_x86_64.whl"
+BOUNDS_AT = (4, 8, 16)
+
+CHILD = r"""
+import json, os, re, subprocess, sys, time
+cfg = json.loads(sys.argv[1])
+if cfg["side"] == "patched":
+    import nano_patch
+    nano_patch.patch_torch(loader_threads=cfg["threads"], cache_decoded="on" if cfg["cache"] == "warm" else "off",
+                           cache_dir=cfg["cache_dir"])
+import psutil, torch
+if cfg.get("torch_threads"):
+    torch.set_num_threads(cfg["torch_threads"])
+import torchvision.transforms as T
+from torchvision.datasets import ImageFolder
+from torch.utils.data import DataLoader
+norm = T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+tf = {
+    "pets": [T.RandomResizedCrop(128), T.RandomHorizontalFlip(), T.ColorJitter(0.3, 0.3, 0.3), T.ToTensor(), norm],
+    "b": [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), norm],
+    "c": [T.Resize(256), T.CenterCrop(224), T.ToTensor(), norm],
+}[cfg["pipeline"]]
+kw = dict(num_workers=cfg["workers"], persistent_workers=True) if cfg["workers"] else {}
+loader = DataLoader(ImageFolder(cfg["root"], transform=T.Compose(tf)), batch_size=cfg["batch"], shuffle=True, **kw)
+torch.manual_seed(0)
+for _ in loader:  # the first epoch: workers started, page cache and decoded-image cache filled
+    pass
+me = psutil.Process()
+
+def cpu_s():
+    total = 0.0
+    for p in [me] + me.children(recursive=True):
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+def run_delay_s():  # time this process's threads were ready to run but waited for a core (other load)
+    total = 0
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/schedstat") as f:
+                total += int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total / 1e9
+
+out = {}
+n, cpu0, wait0, t = 0, cpu_s(), run_delay_s(), time.perf_counter()
+if cfg["mode"] == "gil":
+    try:  # Yama's ptrace_scope 1 lets only an ancestor attach: let py-spy (a child) attach to this process
+        import ctypes
+        ctypes.CDLL(None).prctl(0x59616D61, ctypes.c_ulong(-1), 0, 0, 0)  # PR_SET_PTRACER, PR_SET_PTRACER_ANY
+    except (OSError, AttributeError):
+        pass
+    spy = subprocess.Popen([cfg["py_spy"], "record", "--pid", str(os.getpid()), "--gil", "--idle", "--nonblocking",
+                            "--rate", str(cfg["rate"]), "--duration", str(cfg["seconds"]), "--format", "raw",
+                            "--output", cfg["spy_out"]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)  # py-spy prints its summary on stdout
+    while spy.poll() is None:
+        for x, y in loader:
+            n += len(y)
+            if spy.poll() is not None:
+                break
+    err = spy.stdout.read()
+    found = re.search(r"Samples: (\d+) Errors: (\d+)", err)
+    if spy.returncode != 0 or found is None:
+        raise SystemExit("py-spy failed (exit %s): %s" % (spy.returncode, err[-2000:]))
+    out.update(gil_samples=int(found.group(1)), spy_errors=int(found.group(2)),
+               ticks=cfg["rate"] * cfg["seconds"])
+else:
+    while True:
+        for x, y in loader:
+            n += len(y)
+        if time.perf_counter() - t >= cfg["seconds"]:
+            break
+seconds = time.perf_counter() - t
+out.update(images=n, seconds=seconds, images_per_s=n / seconds, cpu_s_per_image=(cpu_s() - cpu0) / n,
+           run_delay_s_per_image=(run_delay_s() - wait0) / n)
+if cfg["side"] == "patched":
+    from nano_patch.data import parallel
+    out["loader_threads"] = parallel.describe()
+    out["nano_patch"] = os.path.dirname(nano_patch.__file__)
+print(json.dumps(out))
+"""
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("NANO_PATCH_", "_NANO_PATCH"))}
+
+
+def run(cfg: dict) -> dict:
+    # cwd: not the checkout (``python -c`` puts the cwd first on sys.path, before PYTHONPATH): the children import
+    # the nano_patch this script imports, so that ``PYTHONPATH=/other/checkout`` measures that checkout
+    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cfg)], capture_output=True, text=True,
+                          env=_env(), check=False, cwd=tempfile.gettempdir())
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cfg}: {proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def find_py_spy(given: str | None) -> str | None:
+    """py-spy's executable: ``given``, beside this interpreter, or on PATH; None (one warning) where missing."""
+    candidates = [given] if given else [str(Path(sys.executable).parent / "py-spy"), shutil.which("py-spy")]
+    for c in candidates:
+        if c and Path(c).is_file() and os.access(c, os.X_OK):
+            return c
+    warnings.warn(f"py-spy is not installed: the GIL table is skipped (pip install py-spy==0.4.1; offline, carry "
+                  f"the wheel {PY_SPY_WHEEL} and pip install it, or pass --py-spy PATH)", stacklevel=1)
+    return None
+
+
+def amdahl(f: float, n: int) -> float:
+    return 1.0 / (f + (1.0 - f) / n)
+
+
+def sweep(args, root: str, cache_dir: str, ns: list[int], pipelines: list[str]) -> dict:
+    """images/s for every (pipeline, cache, side, N), each in a fresh process, sides interleaved per N."""
+    rows: dict[str, dict] = {}
+    base = {"root": root, "batch": args.batch, "seconds": args.seconds, "cache_dir": cache_dir, "mode": "rate"}
+    for pipeline in pipelines:
+        for n in ns:
+            for cache in ("off", "warm"):
+                patched = {**base, "side": "patched", "pipeline": pipeline, "cache": cache,
+                           "torch_threads": args.torch_threads or None}
+                if cache == "off":
+                    key = f"{pipeline} | stock | workers | {n}"
+                    rows[key] = run({**base, "side": "stock", "pipeline": pipeline, "cache": "off", "threads": 1,
+                                     "workers": n})
+                    _progress(key, rows[key])
+                key = f"{pipeline} | cache {cache} | threads | {n}"
+                rows[key] = run({**patched, "threads": n, "workers": 0})
+                _progress(key, rows[key])
+                key = f"{pipeline} | cache {cache} | workers | {n}"
+                rows[key] = run({**patched, "threads": 1, "workers": n})
+                _progress(key, rows[key])
+        for cache in ("off", "warm"):  # --loader-threads auto: it should never lose to fewer threads
+            key = f"{pipeline} | cache {cache} | threads | auto"
+            rows[key] = run({**base, "side": "patched", "pipeline": pipeline, "cache": cache, "threads": "auto",
+                             "workers": 0, "torch_threads": args.torch_threads or None})
+            _progress(key, rows[key])
+    return rows
+
+
+def _progress(key: str, r: dict) -> None:
+    auto = r.get("loader_threads", {}).get("auto")
+    chose = f" (auto: {auto['threads']} threads, rates {auto['images_per_s']})" if auto else ""
+    print(f"  {key}: {r['images_per_s']:.0f} images/s, {r['cpu_s_per_image'] * 1e3:.2f} ms CPU/image{chose}",
+          flush=True)
+
+
+GIL_CONFIGS = [(p, c) for p in ("pets", "b", "c") for c in ("off", "warm")] + [("pets", "stock")]
+
+
+def gil_table(args, root: str, cache_dir: str, py_spy: str, tmp: Path) -> dict:
+    """GIL and CPU time per image for each pipeline and cache (and stock pets), medians of interleaved rounds."""
+    runs: dict[str, list[dict]] = {}
+    for rnd in range(args.gil_rounds):
+        for pipeline, cache in GIL_CONFIGS:
+            stock = cache == "stock"
+            cfg = {"root": root, "pipeline": pipeline, "batch": args.gil_batch, "cache_dir": cache_dir,
+                   "mode": "gil", "py_spy": py_spy, "rate": args.rate, "seconds": args.gil_seconds,
+                   "spy_out": str(tmp / f"spy-{rnd}-{pipeline}-{cache}.txt"), "workers": 0,
+                   "side": "stock" if stock else "patched", "cache": "off" if stock else cache,
+                   "threads": 1 if stock else args.gil_threads, "torch_threads": args.torch_threads or None}
+            r = run(cfg)
+            share = r["gil_samples"] / max(1, r["ticks"] - r["spy_errors"])
+            r.update(gil_share=share, gil_s_per_image=share / r["images_per_s"])
+            key = f"{pipeline} | {'stock, one by one' if stock else f'cache {cache}'}"
+            runs.setdefault(key, []).append(r)
+            print(f"  {key}: GIL held {share:.0%} of the time, {r['gil_s_per_image'] * 1e6:.0f} us/image, "
+                  f"{r['cpu_s_per_image'] * 1e6:.0f} us CPU/image, {r['run_delay_s_per_image'] * 1e6:.0f} us/image "
+                  "waiting for a core", flush=True)
+    table = {}
+    for key, rs in runs.items():
+        gil = statistics.median(r["gil_s_per_image"] for r in rs)
+        cpu = statistics.median(r["cpu_s_per_image"] for r in rs)
+        f = gil / cpu
+        table[key] = {"gil_us_per_image": gil * 1e6, "cpu_us_per_image": cpu * 1e6, "f": f,
+                      # other load only adds to the GIL time (a preempted holder keeps it): the least is a bound
+                      "gil_us_per_image_min": min(r["gil_s_per_image"] for r in rs) * 1e6,
+                      "run_delay_us_per_image": statistics.median(r["run_delay_s_per_image"] for r in rs) * 1e6,
+                      "images_per_s": statistics.median(r["images_per_s"] for r in rs),
+                      "gil_share_of_wall": statistics.median(r["gil_share"] for r in rs),
+                      "amdahl_bound": {str(n): amdahl(f, n) for n in BOUNDS_AT}, "runs": rs}
+    return table
+
+
+def chart(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows, ns, pipelines = result["rows"], result["ns"], result["pipelines"]
+    if not rows:
+        return
+    fig, axes = plt.subplots(len(pipelines), 2, figsize=(10, 3.6 * len(pipelines)), squeeze=False)
+    for i, pipeline in enumerate(pipelines):
+        for j, cache in enumerate(("off", "warm")):
+            ax = axes[i][j]
+            lines = {"stock, num_workers=N": f"{pipeline} | stock | workers",
+                     "patch, loader_threads=N": f"{pipeline} | cache {cache} | threads",
+                     "patch, num_workers=N": f"{pipeline} | cache {cache} | workers"}
+            for label, prefix in lines.items():
+                ax.plot(ns, [rows[f"{prefix} | {n}"]["images_per_s"] for n in ns], marker="o", label=label)
+            auto = rows.get(f"{pipeline} | cache {cache} | threads | auto")
+            if auto:
+                ax.axhline(auto["images_per_s"], color="C1", ls="--", lw=1, label="patch, loader_threads=auto")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(ns, [str(n) for n in ns])
+            ax.set_xlabel("N")
+            ax.set_ylabel("images / s")
+            ax.set_title(f"{pipeline}, patch's cache {cache}", fontsize=9)
+            ax.legend(fontsize=7)
+    fig.suptitle(f"Loader scaling, batch {result['batch']}\n{result['machine']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def print_tables(result: dict) -> None:
+    rows, ns = result["rows"], result["ns"]
+    print(f"\n{result['machine']}; images/s, one fresh process per configuration, batch {result['batch']}")
+    for pipeline in result["pipelines"] if rows else []:
+        for cache in ("off", "warm"):
+            print(f"\n{pipeline}, the patch's cache {cache}")
+            print("| N | stock, `num_workers=N` | patch, `num_workers=0`, `loader_threads=N` | "
+                  "patch, `num_workers=N` |")
+            print("|---|---|---|---|")
+            for n in ns:
+                s, t, w = (rows[f"{pipeline} | {k} | {n}"]["images_per_s"]
+                           for k in ("stock | workers", f"cache {cache} | threads", f"cache {cache} | workers"))
+                print(f"| {n} | {s:.0f} | {t:.0f} ({t / s:.2f}x) | {w:.0f} ({w / s:.2f}x) |")
+            auto = rows.get(f"{pipeline} | cache {cache} | threads | auto")
+            if auto:
+                best = max(rows[f"{pipeline} | cache {cache} | threads | {n}"]["images_per_s"] for n in ns)
+                chose = auto.get("loader_threads", {}).get("auto", {})
+                print(f"`loader_threads=auto`: {auto['images_per_s']:.0f} images/s ({auto['images_per_s'] / best:.2f}x "
+                      f"the best fixed count; settled on {chose.get('threads')} threads, "
+                      f"rates {chose.get('images_per_s')})")
+    gil = result.get("gil")
+    if gil:
+        print(f"\nGIL per image (py-spy --gil), {result['gil_setup']}; medians of {result['gil_rounds']} rounds")
+        print("| pipeline | GIL held per image | CPU per image | f | bound at 4 | 8 | 16 threads | "
+              "waiting for a core |")
+        print("|---|---|---|---|---|---|---|---|")
+        for key, g in gil.items():
+            b = g["amdahl_bound"]
+            least = f" (least {g['gil_us_per_image_min']:.0f})" if result["gil_rounds"] > 1 else ""
+            print(f"| {key} | {g['gil_us_per_image']:.0f} us{least} | {g['cpu_us_per_image']:.0f} us | {g['f']:.2f} | "
+                  f"{b['4']:.1f}x | {b['8']:.1f}x | {b['16']:.1f}x | {g['run_delay_us_per_image']:.0f} us |")
+        print("(waiting for a core: the time per image the process's threads were ready to run but other load held "
+              "the cores. The GIL stays held while its holder waits, so where this is not small next to the GIL time, "
+              "the GIL time is inflated by other load: measure on a quiet machine.)")
+    elif "gil_skipped" in result:
+        print(f"\nGIL table skipped: {result['gil_skipped']}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="a 2-core run: fewer photos, shorter windows")
+    ap.add_argument("--per-class", type=int, default=None, help="photos per class, 3 classes (400; quick 100)")
+    ap.add_argument("--seconds", type=float, default=None, help="timed window per configuration (2; quick 1.5)")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--max-n", type=int, default=16)
+    ap.add_argument("--torch-threads", type=int, default=1, help="the patched runs' torch threads (0: default)")
+    ap.add_argument("--gil-only", action="store_true", help="only the GIL table")
+    ap.add_argument("--no-gil", action="store_true", help="only the sweep")
+    ap.add_argument("--gil-threads", type=int, default=2)
+    ap.add_argument("--gil-batch", type=int, default=16)
+    ap.add_argument("--gil-seconds", type=int, default=None, help="py-spy's window (4; quick 3)")
+    ap.add_argument("--gil-rounds", type=int, default=1)
+    ap.add_argument("--rate", type=int, default=263, help="py-spy's samples per second (not a round number: no "
+                    "beat with a timer's period)")
+    ap.add_argument("--py-spy", default=None, help="py-spy's executable (default: beside python, or on PATH)")
+    ap.add_argument("--stem", default=None)
+    args = ap.parse_args()
+    per_class = args.per_class or (100 if args.quick else 400)
+    args.seconds = args.seconds or (1.5 if args.quick else 2.0)
+    args.gil_seconds = args.gil_seconds or (3 if args.quick else 4)
+    stem = args.stem or ("scaling-quick" if args.quick else "scaling")
+    sys.path.insert(0, str(ROOT / "examples"))
+    sys.path.insert(0, str(Path(__file__).parent))
+    from make_photo_folder import build
+    from train import _cpu_name
+
+    import nano_patch
+
+    cores = usable_cores()
+    ns = [n for n in (1, 2, 4, 8, 16) if n <= min(cores, args.max_n)]
+    pipelines = ["pets", "b"]
+    began = time.perf_counter()
+    result = {"machine": f"{_cpu_name()}, {cores} usable CPUs", "python": platform.python_version(),
+              "nano_patch": str(Path(nano_patch.__file__).parent), "batch": args.batch, "per_class": per_class,
+              "seconds": args.seconds, "torch_threads_patched": args.torch_threads, "ns": ns,
+              "pipelines": pipelines, "rows": {}}
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        root = str(build(tmp / "photos", per_class) / "train")
+        cache_dir = str(tmp / "cache")
+        print(f"{per_class * 3} photos built in {time.perf_counter() - began:.0f} s; N = {ns}", flush=True)
+        RESULTS.mkdir(exist_ok=True)
+        if not args.gil_only:
+            result["rows"] = sweep(args, root, cache_dir, ns, pipelines)
+            (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2))  # kept if the GIL part fails
+        if not args.no_gil:
+            py_spy = find_py_spy(args.py_spy)
+            if py_spy is None:
+                result["gil_skipped"] = f"py-spy not installed (needs {PY_SPY_WHEEL})"
+            else:
+                result.update(gil_setup=f"{args.gil_threads} loader threads, batch {args.gil_batch}, py-spy at "
+                                        f"{args.rate}/s for {args.gil_seconds} s per run",
+                              gil_rounds=args.gil_rounds)
+                try:
+                    result["gil"] = gil_table(args, root, cache_dir, py_spy, tmp)
+                except RuntimeError as exc:  # py-spy could not attach (permissions), or a run failed
+                    result["gil_skipped"] = str(exc)[-2000:]
+                    warnings.warn(f"the GIL table failed: {result['gil_skipped']}", stacklevel=1)
+    runs = list(result["rows"].values()) + [r for g in result.get("gil", {}).values() for r in g["runs"]]
+    result["children_nano_patch"] = sorted({r["nano_patch"] for r in runs if "nano_patch" in r})
+    result["total_s"] = time.perf_counter() - began
+    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2))
+    chart(result, RESULTS / f"{stem}.png")
+    print_tables(result)
+    print(f"\nthe patched runs imported nano_patch from {', '.join(result['children_nano_patch'])}")
+    print(f"{result['total_s']:.0f} s in all; results/{stem}.json and .png")
+
+
+if __name__ == "__main__":
+    main()

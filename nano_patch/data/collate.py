@@ -1,0 +1,79 @@
+"""Collation that costs nothing: a batch whose samples were rendered into one batch tensor is that tensor.
+
+The native op runner (``vision/oprunner.py``) writes each sample's image tensor straight into its slot of a
+batch tensor laid out as ``torch.stack`` lays the samples out, and marks each slot. ``default_collate`` stacks
+tensors through ``default_collate_fn_map[torch.Tensor]``; while the DataLoader patch is applied that entry is
+:func:`collate_tensor`: where ``batch`` is exactly the marked slots of one batch tensor, in order, each still a
+view of its place, the stack's result is already there (the same values, dtype, shape and strides), so it is
+returned instead of copied. Anything else is stock's ``collate_tensor_fn``. The marks are taken off as the batch
+is handed over, so a second collation of the same samples stacks them as stock does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_MARK = "_nano_patch_batch_slot"
+_stock_collate_tensor: Any = None
+
+
+def mark_slot(slot: Any, base: Any, k: int) -> Any:
+    """Mark ``slot`` as sample ``k`` of the batch tensor ``base``; returns it."""
+    setattr(slot, _MARK, (base, k))
+    return slot
+
+
+def batch_of(batch: list[Any]) -> Any:
+    """The batch tensor ``batch`` is the slots of, in order, or None."""
+    import torch
+
+    if not batch or type(batch[0]) is not torch.Tensor:
+        return None
+    info = getattr(batch[0], _MARK, None)
+    if info is None:
+        return None
+    base = info[0]
+    if len(batch) != base.shape[0] or torch.utils.data.get_worker_info() is not None:
+        return None  # (a worker process: stock collates into shared memory)
+    step = base.stride(0) * base.element_size()
+    shape, strides = base.shape[1:], base.stride()[1:]
+    for k, t in enumerate(batch):
+        mark = getattr(t, _MARK, None) if type(t) is torch.Tensor else None
+        if mark is None or mark[0] is not base or mark[1] != k:
+            return None
+        if t.data_ptr() != base.data_ptr() + k * step or t.shape != shape or t.dtype != base.dtype or \
+                t.requires_grad or any(a != b and n != 1 for n, a, b in zip(shape, t.stride(), strides)):
+            return None  # no longer the view of its place
+    return base
+
+
+def collate_tensor(batch: list[Any], *, collate_fn_map: Any = None) -> Any:
+    """``default_collate``'s tensor collation: the batch tensor itself where ``batch`` is its slots, else stock's."""
+    base = batch_of(batch)
+    if base is None:
+        return _stock_collate_tensor(batch, collate_fn_map=collate_fn_map)
+    for t in batch:
+        delattr(t, _MARK)
+    return base
+
+
+def install() -> None:
+    """Put :func:`collate_tensor` in ``default_collate_fn_map`` (the DataLoader patch)."""
+    global _stock_collate_tensor
+    import torch
+    from torch.utils.data._utils import collate
+
+    current = collate.default_collate_fn_map.get(torch.Tensor)
+    if current is collate_tensor:
+        return
+    _stock_collate_tensor = current
+    collate.default_collate_fn_map[torch.Tensor] = collate_tensor
+
+
+def uninstall() -> None:
+    """Put stock's tensor collation back."""
+    import torch
+    from torch.utils.data._utils import collate
+
+    if collate.default_collate_fn_map.get(torch.Tensor) is collate_tensor and _stock_collate_tensor is not None:
+        collate.default_collate_fn_map[torch.Tensor] = _stock_collate_tensor

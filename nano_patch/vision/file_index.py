@@ -1,0 +1,130 @@
+"""A dataset's files as this process has seen them: path -> (the file's identity, its cache key, its cache entry).
+
+The draw step of a batch (``vision/batch.py``) runs in the calling thread, with the GIL held; asking the
+decoded-image cache for each sample there (the key's formatting and hash, an LMDB read transaction, the entry's
+checks) cost more than the rest of a warm sample's draw. The index answers from memory for a file it has seen:
+
+- every look-up still ``stat``s the file (1-2 us), and the entry is used only while the file's device, inode,
+  size, modification and change times are those the entry was made from, the very fields the cache's key is
+  made of (``cache.key_material``): a file replaced or rewritten since is looked up afresh, under its new key;
+- a file whose times were too recent when it was looked up (``cache.racy``, git's racily clean rule) is not
+  indexed: its key is made afresh each time, so that it is stored once its times are safely in the past;
+- a miss is not indexed (the next look-up asks the store, which then holds the image); a hit is: the entry is
+  the store's own read-only view (entries are only ever added to a store, and the view is of the process's own
+  map of its file), so the index holds no pixels of its own;
+- at most :data:`MAX_ENTRIES` files (the rest are looked up in the store, as without an index);
+- an index serves one store: a look-up through another (another folder, a store re-opened) empties it.
+
+Filled as the files are first seen, once per process: a DataLoader worker inherits its parent's entries (the
+views are of a shared map) and adds its own. One index per dataset (``for_dataset``), dropped with it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from typing import Any
+
+import numpy as np
+
+from . import cache
+
+_Identity = tuple[int, int, int, int, int]
+
+
+#: Entries an index holds at most (about 300 bytes each, with the view object: 60 MB); files beyond are looked up
+#: in the store each time, as without an index.
+MAX_ENTRIES = 200_000
+#: The key material returned for a hit the index answered (it keeps no key: a hit needs none).
+INDEXED = b""
+
+
+class FileIndex:
+    """path -> (identity, the store's view) for one dataset's files, checked on every look-up."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, str], tuple[_Identity, np.ndarray]] = {}
+        self._store: Any = None
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def look_up(self, store: cache.Store, path: str | os.PathLike[str], mode: str = "RGB"
+                ) -> tuple[bytes | None, np.ndarray | None]:
+        """(key material, the store's image or None), as ``cache.key_material`` and ``store.get`` give them
+        (:data:`INDEXED` as the material of a hit the index answered); (None, None) when the file cannot be
+        stat'ed."""
+        p = os.fspath(path)
+        try:
+            st = getattr(cache, "_stat", os.stat)(p)  # the key's own stat (tests replace it to fake file times)
+        except OSError:
+            return None, None
+        identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if self._store is store:
+            entry = self._entries.get((p, mode))
+            if entry is not None and entry[0] == identity and not store.off:
+                return INDEXED, entry[1]
+        material = cache.key_material(p, mode)
+        if material is None:
+            return None, None
+        a = store.get(material)
+        if a is not None and _settled(material) and _identity_in(material, identity):
+            with self._lock:
+                if self._store is not store:
+                    self._entries.clear()
+                    self._store = store
+                if len(self._entries) < MAX_ENTRIES:
+                    self._entries[(p, mode)] = (identity, a)
+        return material, a
+
+    def reset_after_fork(self) -> None:
+        self._lock = threading.Lock()  # a lock held by a thread of the parent's stays held in the child
+
+
+# The index relies on two details of the cache's key (``cache.key_material``): the racy key's type, and the key
+# ending in the stat fields. Where either changes, the index holds nothing and every look-up asks the store, as
+# without an index (tests/test_pixel_source.py then fails, so that the change is seen).
+
+
+def _settled(material: bytes) -> bool:
+    """The key is not a racily new file's (whose times are too recent to tell a rewrite from this content)."""
+    racy_type = getattr(cache, "_RacyMaterial", None)
+    return racy_type is not None and not isinstance(material, racy_type)
+
+
+def _identity_in(material: bytes, identity: _Identity) -> bool:
+    """The key was made from the same stat as ``identity`` (the file did not change between the two stats)."""
+    return material.endswith(":".join(map(str, identity)).encode())
+
+
+_indexes: weakref.WeakKeyDictionary[Any, FileIndex] = weakref.WeakKeyDictionary()
+_unowned = FileIndex()  # for look-ups outside a dataset (a loader called on its own)
+_lock = threading.Lock()
+
+
+def for_dataset(dataset: Any) -> FileIndex:
+    """The index of ``dataset``'s files (made on first use); a process-wide one for None, or an object that
+    cannot be weakly referenced."""
+    if dataset is None:
+        return _unowned
+    try:
+        index = _indexes.get(dataset)
+        if index is None:
+            with _lock:
+                index = _indexes.setdefault(dataset, FileIndex())
+        return index
+    except TypeError:  # not weakly referenceable, or not hashable
+        return _unowned
+
+
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()
+    _unowned.reset_after_fork()
+    for index in list(_indexes.values()):
+        index.reset_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

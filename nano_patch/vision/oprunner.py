@@ -1,0 +1,273 @@
+"""A sample's recorded operations as one native call: the op runner (``csrc/oplist.c``).
+
+A batch's draw writes each sample's pixel operations down as typed ops (``pixels.Recording``). Where every op of
+a sample has a native record (crop, resize, flips, ColorJitter's operations, grey, per-value point ops,
+sharpness) and the recording ends in the plan's tensor tail, the render makes them all, and the tail, in one call
+of the extension with the GIL released once, on the decoded array or the cache's view. The kernels are the ones
+the Python path calls (each checked against the installed PIL before use), called in the same order with the same
+deferred geometry, so the pixels are the Python path's, and so stock's, bit for bit. Anything else (a user's
+Lambda, a histogram op, a warp, a recording ending in an image) keeps the Python path (``pixels.render``), and
+the run report counts those samples and says why.
+
+Where every sample of a batch runs here and ends in the same shape and dtype, the tails write straight into the
+sample's slot of one preallocated batch tensor, laid out as ``default_collate``'s ``torch.stack`` lays it out;
+``data/collate.py`` then hands that tensor to the batch instead of stacking (the collation costs nothing).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import report
+from . import native
+from .pixels import OP_CROP, OP_KERNELS, Recording, TensorTail
+
+#: The native tail kinds (``native.h``'s NANO_TAIL_*).
+BYTES, PLANES_F32, PLANES_F64, PIXELS_F32, PIXELS_F64 = range(5)
+_F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
+#: Where a sample's render is counted in the run report.
+REPORT_KEY = "vision_transforms"
+
+
+@dataclass
+class NativeRun:
+    """What one sample's native render needs, worked out in the draw."""
+
+    records: tuple[tuple[Any, ...], ...]
+    kind: int
+    table: np.ndarray | None
+    shape: tuple[int, int, int]  # the final image: height, width, channels
+    #: the tail's output, where it writes (an array over a batch tensor's slot), or None (a tensor of its own)
+    slot: np.ndarray | None = None
+    #: the slot's tensor (a view of the batch tensor), returned as the sample's image
+    slot_tensor: Any = None
+
+    @property
+    def planes(self) -> bool:
+        return self.kind in (PLANES_F32, PLANES_F64)
+
+
+_ready_lock = threading.Lock()
+#: kernels, or op codes -> "" (all checked, the runner there) or why not
+_ready: dict[frozenset[Any], str] = {}
+
+
+def _why_kernels(names: frozenset[str]) -> str:
+    """Why the op runner cannot run ops needing ``names`` here ("" where it can)."""
+    with _ready_lock:
+        why = ""
+        for name in sorted(names):
+            try:
+                mod = native.kernel(name)
+            except native.NativeUnavailable as exc:
+                why = f"the {name} kernel is not used here: {exc}"
+                break
+            if not hasattr(mod, "run_ops"):
+                why = "the compiled kernels predate the op runner (reinstall nano-patch)"
+                break
+    return why
+
+
+def reset() -> None:
+    """Forget which kernels were found usable (tests that reset ``native``)."""
+    with _ready_lock:
+        _ready.clear()
+
+
+def prepare(recording: Recording) -> NativeRun | str:
+    """The native run of ``recording``, or why it keeps the Python path."""
+    ops = recording.ops
+    records = []
+    for op in ops:
+        if op.record is None:
+            return op.why
+        records.append(op.record)
+    tail = ops[-1] if ops else None
+    if not isinstance(tail, TensorTail):
+        return "the recording does not end in the tensor tail"
+    records.pop()  # the tail's: its table and output go to the runner apart
+    codes = frozenset(r[0] for r in records)
+    why = _ready.get(codes)
+    if why is None:
+        kernels = {"tables"}
+        for code in codes:
+            kernels.update(OP_KERNELS[code])
+        why = _why_kernels(frozenset(kernels))
+        with _ready_lock:
+            _ready[codes] = why
+    if why:
+        return why
+    h, w = recording.hw
+    channels = 1 if recording.mode == "L" else 3
+    if tail.to_bytes:
+        kind, table = BYTES, None
+    else:
+        table = tail.table
+        dtype = table.dtype
+        if dtype is not _F32 and dtype is not _F64 and dtype not in (_F32, _F64):  # (identity first: it is cheap)
+            return f"a tensor tail of {dtype}"
+        f64 = dtype is _F64 or dtype == _F64
+        kind = (PLANES_F64 if f64 else PLANES_F32) if tail.planes else (PIXELS_F64 if f64 else PIXELS_F32)
+    return NativeRun(tuple(records), kind, table, (h, w, channels))
+
+
+def _settings() -> tuple[int, int, int, int]:
+    order_rule, weights = native._resample_variant
+    return order_rule, weights, native._grey_mode, native._saturation_mode
+
+
+def _own_output(job: NativeRun) -> tuple[np.ndarray, Any]:
+    """A new array for the tail, and the tensor over it in stock's layout (as ``plan.Tail.tensor_from``)."""
+    import torch
+
+    h, w, c = job.shape
+    if job.kind == BYTES:
+        out = np.empty((h, w, c), np.uint8)
+        return out, torch.from_numpy(out).permute(2, 0, 1)  # PILToTensor: channels-last strides
+    dtype = job.table.dtype  # type: ignore[union-attr]
+    if job.planes:
+        rows = job.table.shape[0]  # type: ignore[union-attr]
+        out = np.empty((rows, h, w), dtype)
+        t = torch.from_numpy(out)
+        if rows == 1:  # stock's strides for one channel: an (H, W, 1) array seen as (1, H, W)
+            t = t[0].unsqueeze(2).permute(2, 0, 1)
+        return out, t
+    out = np.empty((h, w, c), dtype)
+    return out, torch.from_numpy(out).permute(2, 0, 1)
+
+
+def run(job: NativeRun, a: np.ndarray) -> Any:
+    """``job``'s ops and tail on the H x W (x 3) uint8 array ``a``: the sample's tensor."""
+    mod = native.kernel("tables")
+    if job.slot is not None:
+        out, tensor = job.slot, job.slot_tensor
+    else:
+        out, tensor = _own_output(job)
+    mod.run_ops(a, job.records, job.kind, job.table, out, job.shape, _settings())
+    return tensor
+
+
+def run_jpeg(job: NativeRun, data: bytes, size: tuple[int, int], path: Any) -> Any:
+    """``job`` on a JPEG not decoded yet: its first crop decoded alone where it can be (as ``pixels.JpegPixels``),
+    else the whole file decoded first."""
+    from . import decode
+
+    first = job.records[0] if job.records else None
+    if first is not None and first[0] == OP_CROP:
+        _, top, left, height, width = first[:5]
+        try:
+            region = native.decode_jpeg_region(data, top, left, height, width)
+        except (native.NativeUnavailable, native.JpegRegionError):
+            pass  # the whole file, as without crop decoding: its own rules, its own errors
+        else:
+            if report.stats is not None:
+                report.stats.count("vision_datasets", True, "JPEG window decoded by libjpeg-turbo (crop region)")
+            rest = NativeRun(job.records[1:], job.kind, job.table, job.shape, job.slot, job.slot_tensor)
+            return run(rest, region)
+    a = decode.decode_rgb(path, data=data, checked=True)
+    if a.shape[:2] != tuple(size):
+        from .pixels import RenderFailed
+
+        raise RenderFailed("the decode's size is not the header's")
+    return run(job, a)
+
+
+# --- the batch tensor -----------------------------------------------------------------------------------
+
+_layouts: dict[tuple[Any, ...], tuple[tuple[int, ...], tuple[int, ...]] | None] = {}
+_layouts_lock = threading.Lock()
+
+
+def _sample_layout(job: NativeRun) -> tuple[tuple[int, ...], tuple[int, ...], Any]:
+    """The shape, strides and dtype of the sample tensor stock's tail gives for ``job``."""
+    import torch
+
+    h, w, c = job.shape
+    if job.kind == BYTES:
+        return (c, h, w), (1, w * c, c), torch.uint8
+    dtype = torch.float64 if job.table.dtype == np.float64 else torch.float32  # type: ignore[union-attr]
+    if job.planes:
+        rows = job.table.shape[0]  # type: ignore[union-attr]
+        return (rows, h, w), ((1, w, 1) if rows == 1 else (h * w, w, 1)), dtype
+    return (c, h, w), (1, w * c, c), dtype
+
+
+def _batch_layout(n: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any
+                  ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The shape and strides of ``torch.stack`` of ``n`` such samples (what ``default_collate`` makes), found on
+    the meta device (no memory), or None where a slot of it would not have the sample's own strides."""
+    import torch
+
+    key = (n, shape, strides, dtype)
+    with _layouts_lock:
+        if key in _layouts:
+            return _layouts[key]
+    proto = torch.empty_strided(shape, strides, dtype=dtype, device="meta")
+    stacked = torch.stack([proto] * n, 0)
+    layout = (tuple(stacked.shape), tuple(stacked.stride()))
+    if tuple(stacked[0].stride()) != tuple(strides) and not _same_dense(shape, stacked[0].stride(), strides):
+        layout = None
+    with _layouts_lock:
+        _layouts[key] = layout
+    return layout
+
+
+def _same_dense(shape: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Strides that differ only on dimensions of size 1 (where no element ever steps)."""
+    return all(x == y or n == 1 for n, x, y in zip(shape, a, b))
+
+
+def batch_tensor(jobs: list[NativeRun]) -> Any:
+    """Where every sample's tail is the same tensor: one batch tensor in ``default_collate``'s layout, each job's
+    slot set to its sample's place in it (``data/collate.py`` recognises the slots). Else None (nothing set)."""
+    import torch
+
+    from ..data import collate
+
+    first = jobs[0]
+    if any(j.kind != first.kind or j.shape != first.shape or
+           (j.table is not None and j.table.shape != first.table.shape) for j in jobs):  # type: ignore[union-attr]
+        return None  # stock's collate raises, or stacks other shapes: each sample its own tensor
+    shape, strides, dtype = _sample_layout(first)
+    layout = _batch_layout(len(jobs), shape, strides, dtype)
+    if layout is None:
+        return None
+    base = torch.empty_strided(layout[0], layout[1], dtype=dtype)
+    arrays = base.numpy()  # one NumPy view, indexed per slot (cheaper than a tensor's indexing)
+    for k, (job, slot) in enumerate(zip(jobs, base.unbind(0))):
+        if tuple(slot.stride()) != strides:  # they differ on a size-1 dimension: the sample's own strides
+            slot = slot.as_strided(shape, strides)
+        view = arrays[k] if first.planes else arrays[k].transpose(1, 2, 0)
+        if not view.flags.c_contiguous:
+            for j in jobs:
+                j.slot, j.slot_tensor = None, None
+            return None
+        job.slot, job.slot_tensor = view, collate.mark_slot(slot, base, k)
+    return base
+
+
+def prepare_batch(recordings: list[Recording | None]) -> list[NativeRun | None]:
+    """Per sample, its native run, or None where it keeps the Python path (counted in the run report, with why);
+    where all of them run natively, into one batch tensor (:func:`batch_tensor`)."""
+    stats = report.stats
+    jobs: list[NativeRun | None] = []
+    for recording in recordings:
+        if recording is None:  # no transform, or a sample loaded one by one: nothing to render
+            jobs.append(None)
+            continue
+        job = prepare(recording)
+        if isinstance(job, str):
+            if stats is not None:
+                stats.count(REPORT_KEY, False, f"sample rendered by the Python path: {job}")
+            jobs.append(None)
+        else:
+            if stats is not None:
+                stats.count(REPORT_KEY, True, "sample rendered by the native op runner (one call)")
+            jobs.append(job)
+    if jobs and all(j is not None for j in jobs):
+        batch_tensor(jobs)  # type: ignore[arg-type]
+    return jobs

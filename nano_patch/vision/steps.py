@@ -1,0 +1,149 @@
+"""The v1 step runners: ``(transform, pixels) -> None or pixels``, one per torchvision transform the plan knows.
+
+Each runs the transform's own draws (its ``get_params``, ``torch.rand``) in stock's order, checks what it takes
+before any draw (``UseStock`` otherwise: the transform then runs stock code), and makes its pixel operations on
+:class:`pixels.Pixels` (or writes them down on a :class:`pixels.Recording`). As torchvision's ``get_params``
+is to its ``functional``, these are to ``pixels.py``: what to do, drawn; not how.
+"""
+
+from __future__ import annotations
+
+import numbers
+import random
+from typing import Any
+
+from . import functional as K
+from . import pixels as P
+from .pixels import _JITTER, Pixels, UseStock
+
+
+def _pil_filter(interpolation: Any) -> int:
+    """PIL's filter number for a transform's ``interpolation``, as ``F.resize`` maps it."""
+    mode = interpolation
+    if not isinstance(mode, P._F.InterpolationMode):
+        if isinstance(mode, int) and not isinstance(mode, bool):
+            try:
+                mode = P._F._interpolation_modes_from_int(mode)
+            except (KeyError, ValueError) as exc:
+                raise UseStock from exc
+        else:
+            raise UseStock
+    f = P._F.pil_modes_mapping.get(mode)
+    if f not in K.ARRAY_RESIZE_FILTERS:
+        raise UseStock
+    return int(f)
+
+
+def _size_request(size: Any) -> list[int]:
+    if isinstance(size, int) and not isinstance(size, bool):
+        return [size]
+    if isinstance(size, (list, tuple)) and len(size) in (1, 2) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in size):
+        return list(size)
+    raise UseStock
+
+
+def _resize_to(px: Pixels, size: Any, interpolation: Any, max_size: Any, antialias: Any) -> None:
+    """``F.resize`` of the current image, for the arguments it takes without a warning or an error."""
+    f = _pil_filter(interpolation)
+    if antialias is False:
+        raise UseStock  # stock warns that PIL always antialiases
+    request = _size_request(size)
+    if max_size is not None and (len(request) != 1 or not isinstance(max_size, int) or max_size <= request[0]):
+        raise UseStock
+    h, w = px.hw
+    out = P._F._compute_resized_output_size((h, w), request, max_size)
+    if [h, w] == out:
+        return
+    if out[0] <= 0 or out[1] <= 0:
+        raise UseStock
+    px.resize_to(out[0], out[1], f)
+
+
+def _run_resize(t: Any, px: Pixels) -> None:
+    _resize_to(px, t.size, t.interpolation, t.max_size, t.antialias)
+
+
+def _run_random_resized_crop(t: Any, px: Pixels) -> None:
+    _pil_filter(t.interpolation)  # checked before the draws
+    _size_request(t.size)
+    if t.antialias is False:
+        raise UseStock
+    i, j, h, w = t.get_params(px.proxy(), t.scale, t.ratio)
+    px.crop(i, j, h, w)
+    _resize_to(px, t.size, t.interpolation, None, t.antialias)
+
+
+def _run_timm_random_resized_crop(t: Any, px: Pixels) -> None:
+    """timm's RandomResizedCropAndInterpolation: its own draws (Python's ``random``), then F.resized_crop."""
+    modes = t.interpolation if isinstance(t.interpolation, (tuple, list)) else (t.interpolation,)
+    for mode in modes:
+        _pil_filter(mode)  # checked before the draws
+    _size_request(t.size)
+    i, j, h, w = t.get_params(px.proxy(), t.scale, t.ratio)
+    mode = random.choice(t.interpolation) if isinstance(t.interpolation, (tuple, list)) else t.interpolation
+    px.crop(i, j, h, w)
+    _resize_to(px, t.size, mode, None, True)
+
+
+def _run_center_crop(t: Any, px: Pixels) -> None:
+    size = t.size
+    if isinstance(size, numbers.Number):
+        size = (int(size), int(size))
+    elif isinstance(size, (tuple, list)) and len(size) == 1:
+        size = (size[0], size[0])
+    if not (isinstance(size, (tuple, list)) and len(size) == 2 and all(type(v) is int and v > 0 for v in size)):
+        raise UseStock
+    crop_h, crop_w = size
+    h, w = px.hw
+    if crop_w > w or crop_h > h:
+        raise UseStock  # stock pads first
+    px.crop(int(round((h - crop_h) / 2.0)), int(round((w - crop_w) / 2.0)), crop_h, crop_w)
+
+
+def _run_random_crop(t: Any, px: Pixels) -> None:
+    size = t.size
+    if t.padding is not None or not (isinstance(size, (tuple, list)) and len(size) == 2
+                                     and all(type(v) is int for v in size)):
+        raise UseStock
+    h, w = px.hw
+    if t.pad_if_needed and (w < size[1] or h < size[0]):
+        raise UseStock
+    i, j, ch, cw = t.get_params(px.proxy(), t.size)
+    px.crop(i, j, ch, cw)
+
+
+def _run_hflip(t: Any, px: Pixels) -> None:
+    if P._torch.rand(1) < t.p:
+        px.hflip()
+
+
+def _run_vflip(t: Any, px: Pixels) -> None:
+    if P._torch.rand(1) < t.p:
+        px.vflip()
+
+
+def _run_color_jitter(t: Any, px: Pixels) -> Pixels:
+    fn_idx, b, c, s, h = t.get_params(t.brightness, t.contrast, t.saturation, t.hue)
+    for fn_id in fn_idx:
+        factor = (b, c, s, h)[int(fn_id)] if 0 <= int(fn_id) < 4 else None
+        if factor is not None:
+            px = px.colour(_JITTER[int(fn_id)], factor)
+    return px
+
+
+def _grey(px: Pixels, channels: Any) -> None:
+    if channels not in (1, 3) or isinstance(channels, bool):
+        raise UseStock
+    px.grey(channels)
+
+
+def _run_grayscale(t: Any, px: Pixels) -> None:
+    _grey(px, t.num_output_channels)
+
+
+def _run_random_grayscale(t: Any, px: Pixels) -> None:
+    channels = 1 if px.mode == "L" else 3
+    if P._torch.rand(1) < t.p:
+        _grey(px, channels)
+
