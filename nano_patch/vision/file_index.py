@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from . import cache
+from .cache import keys as cache_keys
 
 _Identity = tuple[int, int, int, int, int]
 
@@ -58,7 +59,7 @@ class FileIndex:
         stat'ed."""
         p = os.fspath(path)
         try:
-            st = getattr(cache, "_stat", os.stat)(p)  # the key's own stat (tests replace it to fake file times)
+            st = cache_keys.stat_file(p)  # the key's own stat (tests replace it to fake file times)
         except OSError:
             return None, None
         identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
@@ -90,8 +91,7 @@ class FileIndex:
 
 def _settled(material: bytes) -> bool:
     """The key is not a racily new file's (whose times are too recent to tell a rewrite from this content)."""
-    racy_type = getattr(cache, "_RacyMaterial", None)
-    return racy_type is not None and not isinstance(material, racy_type)
+    return not isinstance(material, cache_keys.RacyMaterial)
 
 
 def _identity_in(material: bytes, identity: _Identity) -> bool:

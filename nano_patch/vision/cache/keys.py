@@ -47,6 +47,11 @@ _now_ns: Callable[[], int] = time.time_ns
 _stat: Callable[[str], os.stat_result] = os.stat
 
 
+def stat_file(path: str) -> os.stat_result:
+    """The ``stat`` a key is made from (the one tests replace), for callers that compare a file with its key."""
+    return _stat(path)
+
+
 def racy(st: os.stat_result, now_ns: int) -> bool:
     """The file's modification or change time is within the file system's timestamp granularity of
     ``now_ns`` (or after it): a rewrite could still come that keeps the size and both times, so a key made
