@@ -35,9 +35,12 @@ from pathlib import Path
 
 import psutil
 
-from nano_patch.sysinfo import has_native_bf16
-
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(1, str(ROOT))  # this tree's nano_patch, also where it is not installed
+
+from nano_patch.sysinfo import has_native_bf16  # noqa: E402
+
 RESULTS = Path(__file__).parent / "results"
 
 # "all" is every feature that pays on this CPU, as --fast picks: bf16 only where the CPU computes it natively
