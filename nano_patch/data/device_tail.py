@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -161,7 +162,8 @@ class ErasedBatch:
     values: Any = None
 
     def pin_memory(self, device: Any = None) -> ErasedBatch:  # the loader's pin thread calls it
-        return ErasedBatch(self.images.pin_memory(), self.erasures, self.values)
+        values = None if self.values is None else self.values.pin_memory()
+        return ErasedBatch(self.images.pin_memory(), self.erasures, values)
 
 
 def collate_erased(batch: list[ErasedImage], *, collate_fn_map: Any = None) -> ErasedBatch:
@@ -282,16 +284,43 @@ def apply_tail(images: Any, spec: TailSpec, erasures: list[list[Erasure | None]]
         out = torch.empty(images.shape, dtype=torch.float32, device=device,
                           memory_format=memory_format(images, spec))
     out.copy_(images)  # uint8 -> float32: exact
+    scale, mean, std = _constants(spec, device)
     if spec.scale == V1_DIV:
-        out.div_(torch.tensor(255.0, dtype=torch.float32, device=device))
+        out.div_(scale)
     else:
-        out.mul_(torch.tensor(1.0 / 255, dtype=torch.float32, device=device))
-    if spec.mean is not None and spec.std is not None:
-        out.sub_(torch.tensor(spec.mean, dtype=torch.float32, device=device).view(-1, 1, 1))
-        out.div_(torch.tensor(spec.std, dtype=torch.float32, device=device).view(-1, 1, 1))
+        out.mul_(scale)
+    if mean is not None:
+        out.sub_(mean)
+        out.div_(std)
     if erasures:
         _erase(out, erasures, values)
     return out
+
+
+_constants_lock = threading.Lock()
+_constants_cache: dict[tuple[Any, ...], tuple[Any, Any, Any]] = {}
+
+
+def _constants(spec: TailSpec, device: Any) -> tuple[Any, Any, Any]:
+    """The tail's constants as float32 tensors on ``device``, made once per device: a fresh ``torch.tensor(...,
+    device="cuda")`` per batch would be a blocking copy that waits for the GPU to finish the previous step."""
+    import torch
+
+    key = (str(device), spec.scale, spec.mean, spec.std)
+    with _constants_lock:
+        found = _constants_cache.get(key)
+        if found is None:
+            with torch.inference_mode(False):  # usable in training after a validation loop made them
+                scale = torch.tensor(255.0 if spec.scale == V1_DIV else 1.0 / 255, dtype=torch.float32,
+                                     device=device)
+                mean = std = None
+                if spec.mean is not None and spec.std is not None:
+                    mean = torch.tensor(spec.mean, dtype=torch.float32, device=device).view(-1, 1, 1)
+                    std = torch.tensor(spec.std, dtype=torch.float32, device=device).view(-1, 1, 1)
+            found = _constants_cache[key] = (scale, mean, std)
+            if len(_constants_cache) > 64:
+                _constants_cache.pop(next(iter(_constants_cache)))
+        return found
 
 
 def _erase(out: Any, erasures: list[list[Erasure | None]], values: Any = None) -> None:
@@ -309,7 +338,7 @@ def _erase(out: Any, erasures: list[list[Erasure | None]], values: Any = None) -
             placed.append((n, Erasure(e.i, e.j, e.h, e.w, None, at, tuple(v.shape))))
             at += v.numel()
         drawn, values = placed, torch.cat(flat)
-    values = values.to(out.device)
+    values = values.to(out.device, non_blocking=bool(values.is_pinned()))
     for n, e in drawn:
         v = values[e.at:e.at + math.prod(e.shape)].view(e.shape)
         out[n, :, e.i:e.i + e.h, e.j:e.j + e.w] = v
@@ -334,7 +363,8 @@ class DeferredImages:
         return apply_tail(moved, self.spec, self.erasures, values=self.values)
 
     def pin_memory(self, device: Any = None) -> DeferredImages:
-        return DeferredImages(self.images.pin_memory(), self.spec, self.erasures, self.values)
+        values = None if self.values is None else self.values.pin_memory()
+        return DeferredImages(self.images.pin_memory(), self.spec, self.erasures, values)
 
     @property
     def nbytes(self) -> int:
