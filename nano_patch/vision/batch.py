@@ -7,7 +7,8 @@ samples of a batch:
 - **draw** (the calling thread, in stock's order): per sample, the image's size (the JPEG header, with PIL's
   guards, or the decoded-image cache's entry), then the plan's run on a :class:`plan.Recording`: every draw of
   every step exactly as stock's one-by-one loop makes it (torch's, Python's and NumPy's generators), and the
-  pixel operations written down. No user code runs here; the generators' state before each sample is kept.
+  pixel operations written down. No user code runs here; the generators' state before each sample is kept (or
+  found again by drawing the run once more from its start, where no ``target_transform`` needs it).
 - **render** (``data/parallel.py``'s threads, in the calling thread's torch state: ``data/torch_state.py``): per
   sample, the decode (whole, or only a crop's window) or the cache's view, and the written-down operations, in
   order (``plan.render``). Draws nothing; the decoders and kernels release the GIL.
