@@ -87,6 +87,71 @@ def test_a_sample_that_falls_back_runs_its_target_transform_once(tiny_folder):
     _same(stock, patched)
 
 
+def _crop_flip_jitter():
+    return T.Compose([T.RandomResizedCrop(48), T.RandomHorizontalFlip(), T.ColorJitter(0.3, 0.3, 0.3), T.ToTensor()])
+
+
+@pytest.mark.parametrize("with_target_transform", [False, True])
+def test_a_sample_whose_draw_needs_pixels_is_loaded_at_its_place(tiny_folder, with_target_transform):
+    """Without a target_transform the generators before it are found by drawing the run's samples again."""
+    def tf():  # CenterCrop pads the 30 x 20 file: stock's code; draws before and after it
+        return T.Compose([T.RandomHorizontalFlip(), T.CenterCrop(64), T.ColorJitter(0.3, 0.3, 0.3), T.ToTensor()])
+
+    def run():
+        tt = Labels() if with_target_transform else None
+        seed_all(4)
+        from torchvision.datasets import ImageFolder
+
+        ds = ImageFolder(str(tiny_folder), transform=tf(), target_transform=tt)
+        try:
+            return [(x.clone(), y.clone()) for x, y in DataLoader(ds, batch_size=4, shuffle=True)], None, rng_state()
+        except Exception as exc:  # noqa: BLE001 - compared with stock's
+            return None, (type(exc), str(exc)), rng_state()
+
+    stock = run()
+    nano_patch.patch_torch(loader_threads=2)
+    patched = run()
+    assert patched[1] == stock[1] is None
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(stock[0], patched[0]))
+    assert rng_differences(patched[2], stock[2]) == []
+
+
+@pytest.mark.parametrize("with_target_transform", [False, True])
+@pytest.mark.parametrize("position", [0, 2, 3])
+def test_a_render_that_fails_loads_that_sample_as_stock_in_its_place(image_folder, monkeypatch, position,
+                                                                       with_target_transform):
+    """A render the plan cannot make (simulated): that sample by stock's code from stock's state before it, the
+    samples after it one by one, the next batch on the threads again."""
+    from torchvision.datasets import ImageFolder
+
+    def run():
+        seed_all(6)
+        tt = Labels() if with_target_transform else None
+        ds = ImageFolder(str(image_folder), transform=_crop_flip_jitter(), target_transform=tt)
+        out = [(x.clone(), y.clone()) for x, y in DataLoader(ds, batch_size=4)]
+        return out, rng_state(), (tt.calls, tt.own.random()) if tt is not None else None
+
+    stock = run()
+    nano_patch.patch_torch(loader_threads=2)
+    victim = sorted(str(p) for p in image_folder.rglob("*.jpg"))[position]
+    real, failed = batch._render, []
+
+    def render(job):
+        if str(job.path) == victim:
+            failed.append(job.path)
+            raise batch.plan.RenderFailed("simulated")
+        return real(job)
+
+    monkeypatch.setattr(batch, "_render", render)
+    patched = run()
+    assert failed == [victim]
+    assert len(patched[0]) == len(stock[0])
+    for (wx, wy), (gx, gy) in zip(stock[0], patched[0]):
+        assert torch.equal(wx, gx) and torch.equal(wy, gy)
+    assert rng_differences(patched[1], stock[1]) == []
+    assert patched[2] == stock[2]
+
+
 @pytest.mark.parametrize("position", [0, 1, 2, 3])
 def test_an_error_at_any_position_is_stocks_with_stocks_generators_and_calls(image_folder, tmp_path, position):
     from torchvision.datasets import ImageFolder

@@ -7,7 +7,8 @@ samples of a batch:
 - **draw** (the calling thread, in stock's order): per sample, the image's size (the JPEG header, with PIL's
   guards, or the decoded-image cache's entry), then the plan's run on a :class:`plan.Recording`: every draw of
   every step exactly as stock's one-by-one loop makes it (torch's, Python's and NumPy's generators), and the
-  pixel operations written down. No user code runs here; the generators' state before each sample is kept.
+  pixel operations written down. No user code runs here; the generators' state before each sample is kept (or
+  found again by drawing the run once more from its start, where no ``target_transform`` needs it).
 - **render** (``data/parallel.py``'s threads, in the calling thread's torch state: ``data/torch_state.py``): per
   sample, the decode (whole, or only a crop's window) or the cache's view, and the written-down operations, in
   order (``plan.render``). Draws nothing; the decoders and kernels release the GIL.
@@ -195,11 +196,25 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
     with_info = loading.needs_info(transform)
     start = time.perf_counter()
     jobs: list[Job] = []
-    before: list[tuple[Any, Any, Any]] = []  # the generators before each sample's draws
+    # The generators before each sample's draws: kept per sample only where a target_transform needs them (a kept
+    # state is a new 5 KB tensor, ~15-40 us); else the run's start, from which the draws are made again (they run no
+    # user code and give no warning) in the rare case that a sample needs stock's code.
+    before: list[tuple[Any, Any, Any]] | None = [] if target_transform is not None else None
+    run_start = _states(beyond) if before is None else None
+
+    def rewind(j: int) -> None:
+        """The generators where they were before the ``j``-th job's draws."""
+        if before is not None:
+            _restore(before[j])
+            return
+        _restore(run_start)
+        for done_job in jobs[:j]:
+            _draw_again(done_job, transform)
+
     stop: _Stop | None = None
     for k in range(k0, len(entries)):
         path = entries[k][0]
-        states = _states(beyond)
+        states = _states(beyond) if before is not None else None
         try:
             job = _source(path, store, crop_window, index)
             if with_info:
@@ -213,7 +228,10 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
         try:
             _draw(job, transform)
         except plan.NotSplittable as exc:
-            _restore(states)
+            if states is not None:
+                _restore(states)
+            else:
+                rewind(len(jobs))
             if exc.every_time and the_plan is not None:
                 the_plan.unsplittable = str(exc)
                 report.count("dataloader", False, f"batch loaded one by one: {exc}")
@@ -222,8 +240,9 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
             stop = _Stop(k, job=job)
             break
         jobs.append(job)
-        before.append(states)
-    after = _states(beyond) if jobs else None
+        if before is not None:
+            before.append(states)
+    after = _states(beyond) if before is not None and jobs else None
     for job, run in zip(jobs, oprunner.prepare_batch([j.recording for j in jobs])):
         job.native = run  # (all of them: into one batch tensor, which default_collate then takes as it is)
     drawn = time.perf_counter()
@@ -239,7 +258,7 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
             continue
         if not ok:
             # stock's own code for this sample, from stock's state before it; those drawn after it follow it
-            _restore(before[j])
+            rewind(j)
             if not isinstance(rendered, (plan.DecodeFailed, plan.RenderFailed, plan.NotSplittable)):
                 report.count("dataloader", False, "sample loaded one by one: it failed to load or render")
             stale = True
@@ -248,7 +267,7 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
         target = entries[k][1]
         if target_transform is not None:
             # the user's callable sees the generators where stock has them after this sample's draws
-            expected = before[j + 1] if j + 1 < len(jobs) else after
+            expected = before[j + 1] if before is not None and j + 1 < len(jobs) else after
             _restore(expected)
             target = target_transform(target)
             if not _same(_states(), expected):
@@ -306,6 +325,13 @@ def _draw(job: Job, transform: Any) -> None:
     if transform is not None:
         hw = job.array.shape[:2] if job.array is not None else job.size
         job.recording = pipeline.run_compose(transform, plan.Recording(hw))
+
+
+def _draw_again(job: Job, transform: Any) -> None:
+    """``job``'s draws once more, from where the generators are (its recording kept as it was)."""
+    if transform is not None:
+        hw = job.array.shape[:2] if job.array is not None else job.size
+        pipeline.run_compose(transform, plan.Recording(hw))
 
 
 def _source(path: Any, store: cache.Store | None, crop_window: bool, index: file_index.FileIndex | None = None
