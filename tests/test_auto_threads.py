@@ -84,3 +84,17 @@ def test_the_loader_measures_its_batches_and_climbs(image_folder, monkeypatch):
             pass
     auto = parallel.describe()["auto"]
     assert "1" in auto["images_per_s"] and "2" in auto["images_per_s"]
+
+
+def test_a_count_whose_first_window_paid_one_time_costs_is_measured_again():
+    # the batch path's first batches (files seen there for the first time) are slow; then 2 threads pay
+    auto, seen = parallel.AutoThreads(2), {"2": 0}
+
+    def rate(n: int) -> float:
+        if n == 2:
+            seen["2"] += 1
+            return 400 if seen["2"] <= auto.WINDOW_BATCHES + 1 else 2000
+        return 1000
+
+    _drive(auto, rate, 30)
+    assert auto.current() == 2 and not auto.climbing

@@ -42,7 +42,8 @@ class AutoThreads:
     batch-path setup), then a window of at least ``WINDOW_BATCHES`` batches and ``WINDOW_SECONDS`` of loading;
     its rate is the window's samples over the seconds its batches took to load (draws and renders: what the
     thread count changes). Starting from 1 thread, the next count is tried only while the last one was faster
-    than the one before by more than ``MARGIN``; the climb stops at the first that is not, and the process keeps
+    than the one before by more than ``MARGIN``; the climb stops at the first that is not in two windows in a row
+    (its first window may have paid one-time costs that the one below had already paid), and the process keeps
     the fastest count measured (so never a count slower than 1 thread, nor than any fewer threads measured). Every
     ``RECHECK_BATCHES`` batches the climb runs again from one count below the kept one (a warm cache, or
     another load on the machine, moves the best count): each recheck can move it one step down, or up while
@@ -65,6 +66,7 @@ class AutoThreads:
         self.climbing = True
         self._samples, self._seconds, self._batches = 0, 0.0, 0
         self._skip = 1  # the next batch on a new count is not counted
+        self._confirming = False  # re-measuring a count that did not pay, before stopping there
         self._since_check = 0
         self._lock = threading.Lock()
 
@@ -96,7 +98,14 @@ class AutoThreads:
             below = self.rates.get(self.ladder[self.step - 1]) if self.step > 0 else None
             if (below is None or rate > below * (1 + self.MARGIN)) and self.step + 1 < len(self.ladder):
                 self.step, self._skip = self.step + 1, 1  # more threads paid (or nothing to compare yet): next
+                self._confirming = False
                 return
+            if not self._confirming and below is not None:
+                # once more before stopping: a count's first window can land on one-time costs (a small dataset's
+                # first batches through the batch path, its files seen for the first time there)
+                self._confirming, self._skip = True, 1
+                return
+            self._confirming = False
             best = max(self.rates, key=self.rates.__getitem__)
             self.step, self.climbing = self.ladder.index(best), False
 
