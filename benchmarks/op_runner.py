@@ -103,8 +103,8 @@ for _ in range(cfg["reps"]):  # the sides interleaved, epoch by epoch, in this o
         for k, v in enumerate(epoch(render)):
             totals[side][k] += v
 n = cfg["reps"] * len(arrays)
-print(json.dumps({side: {"cpu_us": c / n * 1e6, "kernels_us": k / n * 1e6, "collate_us": o / n * 1e6}
-                  for side, (c, k, o) in totals.items()}))
+print(json.dumps({side: {"cpu_us": c / n * 1e6, "kernels_us": k / n * 1e6, "collate_us": o / n * 1e6,
+                         "nano_patch": nano_patch.__file__} for side, (c, k, o) in totals.items()}))
 """
 
 
@@ -115,8 +115,9 @@ def run_child(pipeline: str, args: argparse.Namespace, pythonpath: str | None, n
     env = dict(os.environ)
     if pythonpath is not None:
         env["PYTHONPATH"] = pythonpath
+    # outside the checkout: ``python -c`` puts the working directory before PYTHONPATH on sys.path
     out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cfg)], capture_output=True, text=True, env=env,
-                         check=False)
+                         check=False, cwd=tempfile.gettempdir())
     if out.returncode != 0:
         raise SystemExit(f"{pipeline} failed:\n{out.stderr[-3000:]}")
     results = json.loads(out.stdout.strip().splitlines()[-1])
@@ -181,7 +182,7 @@ def main() -> None:
                     res = got[key]
                     runs[p][side].append(res)
                     print(f"round {r + 1} {p:10s} {side:24s} CPU {res['cpu_us']:7.1f} µs  GIL {res['gil_us']:6.1f} µs"
-                          f"  collate {res['collate_us']:5.1f} µs", flush=True)
+                          f"  collate {res['collate_us']:5.1f} µs  ({res['nano_patch']})", flush=True)
     medians = {p: {s: {k: statistics.median(x[k] for x in runs[p][s])
                        for k in ("cpu_us", "kernels_us", "gil_us", "collate_us")} for s in sides} for p in pipelines}
     for p in pipelines:

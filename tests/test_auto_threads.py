@@ -62,8 +62,9 @@ def test_a_recheck_follows_the_rates_when_they_change():
     assert auto.current() == 8
 
 
-def test_a_batch_from_before_a_change_is_not_counted_for_the_new_count():
+def test_the_first_batch_on_a_count_and_a_batch_from_before_a_change_are_not_counted():
     auto = parallel.AutoThreads(4)
+    auto.record(1, 64, 100.0)  # the first batch on a count pays one-time costs: not counted
     for _ in range(auto.WINDOW_BATCHES):
         auto.record(1, 64, 0.1)
     assert auto.current() == 2
@@ -78,8 +79,22 @@ def test_the_loader_measures_its_batches_and_climbs(image_folder, monkeypatch):
     assert parallel.threads() == 1
     monkeypatch.setattr(parallel.AutoThreads, "WINDOW_SECONDS", 0.0)
     loader = DataLoader(ds, batch_size=2)
-    for _ in range(2):
+    for _ in range(4):  # 1 batch uncounted and a window of 4, on 1 thread then on 2
         for _ in loader:
             pass
     auto = parallel.describe()["auto"]
     assert "1" in auto["images_per_s"] and "2" in auto["images_per_s"]
+
+
+def test_a_count_whose_first_window_paid_one_time_costs_is_measured_again():
+    # the batch path's first batches (files seen there for the first time) are slow; then 2 threads pay
+    auto, seen = parallel.AutoThreads(2), {"2": 0}
+
+    def rate(n: int) -> float:
+        if n == 2:
+            seen["2"] += 1
+            return 400 if seen["2"] <= auto.WINDOW_BATCHES + 1 else 2000
+        return 1000
+
+    _drive(auto, rate, 30)
+    assert auto.current() == 2 and not auto.climbing

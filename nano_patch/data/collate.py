@@ -6,7 +6,9 @@ tensors through ``default_collate_fn_map[torch.Tensor]``; while the DataLoader p
 :func:`collate_tensor`: where ``batch`` is exactly the marked slots of one batch tensor, in order, each still a
 view of its place, the stack's result is already there (the same values, dtype, shape and strides), so it is
 returned instead of copied. Anything else is stock's ``collate_tensor_fn``. The marks are taken off as the batch
-is handed over, so a second collation of the same samples stacks them as stock does.
+is handed over, so a second collation of the same samples stacks them as stock does. The batch and its samples
+share memory (stock's stack is a copy): a ``collate_fn`` of your own that calls ``default_collate`` and then writes
+into its result in place writes into the samples too; torch's own fetcher drops the samples once collated.
 """
 
 from __future__ import annotations

@@ -38,18 +38,20 @@ class AutoThreads:
     """``--loader-threads auto``: the thread count, chosen from the throughput the process measures.
 
     The counts tried are 1, 2, 4, ... up to the usable cores (and the usable cores themselves). Each is held for
-    a window of at least ``WINDOW_BATCHES`` batches and ``WINDOW_SECONDS`` of loading, and its rate is the
-    window's samples over the seconds its batches took to load (draws and renders: what the thread count
-    changes). Starting from 1 thread, the next count is tried only while the last one was faster than the one
-    before by more than ``MARGIN``; the climb stops at the first that is not, and the process keeps the fastest
-    count measured (so never a count slower than 1 thread, nor than any fewer threads measured). Every
+    one batch that is not counted (the first batch on a count pays one-time costs: the pool's threads, the first
+    batch-path setup), then a window of at least ``WINDOW_BATCHES`` batches and ``WINDOW_SECONDS`` of loading;
+    its rate is the window's samples over the seconds its batches took to load (draws and renders: what the
+    thread count changes). Starting from 1 thread, the next count is tried only while the last one was faster
+    than the one before by more than ``MARGIN``; the climb stops at the first that is not in two windows in a row
+    (its first window may have paid one-time costs that the one below had already paid), and the process keeps
+    the fastest count measured (so never a count slower than 1 thread, nor than any fewer threads measured). Every
     ``RECHECK_BATCHES`` batches the climb runs again from one count below the kept one (a warm cache, or
     another load on the machine, moves the best count): each recheck can move it one step down, or up while
     more threads keep paying.
     """
 
-    WINDOW_BATCHES = 3
-    WINDOW_SECONDS = 0.05
+    WINDOW_BATCHES = 4
+    WINDOW_SECONDS = 0.1
     MARGIN = 0.05
     RECHECK_BATCHES = 200
 
@@ -63,6 +65,8 @@ class AutoThreads:
         self.step = 0  # index into the ladder of the count in use
         self.climbing = True
         self._samples, self._seconds, self._batches = 0, 0.0, 0
+        self._skip = 1  # the next batch on a new count is not counted
+        self._confirming = False  # re-measuring a count that did not pay, before stopping there
         self._since_check = 0
         self._lock = threading.Lock()
 
@@ -78,7 +82,10 @@ class AutoThreads:
                 self._since_check += 1
                 if self._since_check >= self.RECHECK_BATCHES:
                     self._since_check, self.climbing, self.rates = 0, True, {}
-                    self.step = max(0, self.step - 1)
+                    self.step, self._skip = max(0, self.step - 1), 1
+                return
+            if self._skip:
+                self._skip -= 1
                 return
             self._samples += samples
             self._seconds += seconds
@@ -90,8 +97,15 @@ class AutoThreads:
             self._samples, self._seconds, self._batches = 0, 0.0, 0
             below = self.rates.get(self.ladder[self.step - 1]) if self.step > 0 else None
             if (below is None or rate > below * (1 + self.MARGIN)) and self.step + 1 < len(self.ladder):
-                self.step += 1  # more threads paid (or nothing to compare yet): try the next count
+                self.step, self._skip = self.step + 1, 1  # more threads paid (or nothing to compare yet): next
+                self._confirming = False
                 return
+            if not self._confirming and below is not None:
+                # once more before stopping: a count's first window can land on one-time costs (a small dataset's
+                # first batches through the batch path, its files seen for the first time there)
+                self._confirming, self._skip = True, 1
+                return
+            self._confirming = False
             best = max(self.rates, key=self.rates.__getitem__)
             self.step, self.climbing = self.ladder.index(best), False
 
