@@ -37,7 +37,7 @@ class DataLoaderPatch(Patch):
     name: ClassVar[str] = "dataloader"
     group: ClassVar[str] = "dataloader"
     target: ClassVar[str] = "torch.utils.data"
-    requires: ClassVar[dict[str, str]] = {"torch": ">=2.4,<2.15"}
+    requires: ClassVar[dict[str, str]] = {"torch": ">=2.11,<2.15"}
 
     def check_internals(self, module: ModuleType) -> str | None:
         params = inspect.signature(module.DataLoader.__init__).parameters

@@ -32,7 +32,7 @@ class TimmDatasetsPatch(Patch):
     name: ClassVar[str] = PATCH_NAME
     group: ClassVar[str] = "vision"
     target: ClassVar[str] = "timm.data"
-    requires: ClassVar[dict[str, str]] = {"timm": ">=1.0,<2", "torchvision": ">=0.19,<0.30", "simplejpeg": ">=1.6,<2"}
+    requires: ClassVar[dict[str, str]] = {"timm": ">=1.0.29,<2", "torchvision": ">=0.26,<0.30", "simplejpeg": ">=1.6,<2"}
 
     def check_internals(self, module: ModuleType) -> str | None:
         import importlib

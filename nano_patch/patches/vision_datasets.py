@@ -29,7 +29,7 @@ class VisionDatasetsPatch(Patch):
     name: ClassVar[str] = "vision_datasets"
     group: ClassVar[str] = "vision"
     target: ClassVar[str] = "torchvision.datasets"
-    requires: ClassVar[dict[str, str]] = {"torchvision": ">=0.19,<0.30", "simplejpeg": ">=1.6,<2"}
+    requires: ClassVar[dict[str, str]] = {"torchvision": ">=0.26,<0.30", "simplejpeg": ">=1.6,<2"}
 
     def check_internals(self, module: ModuleType) -> str | None:
         folder = getattr(module, "folder", None)

@@ -218,7 +218,7 @@ class VisionTransformsPatch(Patch):
     name: ClassVar[str] = "vision_transforms"
     group: ClassVar[str] = "vision"
     target: ClassVar[str] = "torchvision.transforms"
-    requires: ClassVar[dict[str, str]] = {"torchvision": ">=0.19,<0.30", "opencv-python-headless": ">=4.8,<6"}
+    requires: ClassVar[dict[str, str]] = {"torchvision": ">=0.26,<0.30", "opencv-python-headless": ">=4.8,<6"}
 
     def check_internals(self, module: ModuleType) -> str | None:
         from torchvision.transforms import _functional_pil as F_pil

@@ -24,7 +24,7 @@ class VisionTransformsV2Patch(Patch):
     name: ClassVar[str] = "vision_transforms_v2"
     group: ClassVar[str] = "vision"
     target: ClassVar[str] = "torchvision.transforms.v2"
-    requires: ClassVar[dict[str, str]] = {"torchvision": ">=0.19,<0.30", "opencv-python-headless": ">=4.8,<6"}
+    requires: ClassVar[dict[str, str]] = {"torchvision": ">=0.26,<0.30", "opencv-python-headless": ">=4.8,<6"}
 
     def check_internals(self, module: ModuleType) -> str | None:
         compose = getattr(module, "Compose", None)
