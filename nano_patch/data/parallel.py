@@ -213,49 +213,13 @@ def measured(n_threads: int, samples: int) -> Iterator[None]:
         _auto_threads().record(n_threads, samples, time.perf_counter() - start)
 
 
-def map_in_order(fn: Callable[[T], R], items: Iterable[T], n_threads: int) -> list[R]:
-    """``[fn(x) for x in items]`` on ``n_threads`` threads, the calling thread one of them; the first exception in
-    item order is raised, after every item finished (so that nothing runs on once the caller carries on).
-
-    Each thread takes the next item under a lock until none is left: one task per thread, not one per item
-    (a future per item cost more than a cache hit's render, measured 0.64x one thread on warm-cache batches),
-    and still balanced when items differ in cost (decodes of different sizes).
-    """
-    items = list(items)
-    if n_threads <= 1 or len(items) <= 1:
-        return [fn(x) for x in items]
-    results: list[Any] = [None] * len(items)
-    errors: list[BaseException | None] = [None] * len(items)
-    taken = [0]
-    lock = threading.Lock()
-
-    def work() -> None:
-        while True:
-            with lock:
-                i = taken[0]
-                taken[0] = i + 1
-            if i >= len(items):
-                return
-            try:
-                results[i] = fn(items[i])
-            except BaseException as exc:  # noqa: BLE001 - raised below, in item order
-                errors[i] = exc
-
-    executor = _executor(n_threads - 1)
-    helpers = [executor.submit(work) for _ in range(min(n_threads, len(items)) - 1)]
-    work()
-    for helper in helpers:
-        helper.result()
-    for error in errors:
-        if error is not None:
-            raise error
-    return results
-
-
 def map_outcomes(fn: Callable[[T], R], items: Iterable[T], n_threads: int,
                  state: Any = None) -> list[tuple[bool, Any]]:
-    """``[(True, fn(x)) or (False, the exception fn(x) raised) for x in items]``, on ``n_threads`` threads as
-    :func:`map_in_order`, each item's outcome on its own (the caller decides, item by item, what a failure means).
+    """``[(True, fn(x)) or (False, the exception fn(x) raised) for x in items]``, on ``n_threads`` threads, the
+    calling thread one of them, each item's outcome on its own (the caller decides, item by item, what a failure
+    means). Each thread takes the next item under a lock until none is left: one task per thread, not one per
+    item (a future per item cost more than a cache hit's render: 0.64x one thread on warm-cache batches), and
+    still balanced when items differ in cost (decodes of different sizes).
 
     ``state``: the calling thread's torch state (``data/torch_state.py``), entered on every other thread while it
     works on these items; a thread that cannot enter it takes no item (the calling thread takes them), and None
