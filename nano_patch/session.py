@@ -89,7 +89,7 @@ def start_run(flags: dict[str, Any], report_path: str | None) -> None:
     _run = {"start": time.monotonic(), "flags": dict(flags), "report": report_path}
 
 
-def _is_rank_zero() -> bool:
+def is_rank_zero() -> bool:
     # Lightning's script launcher gives the ranks it starts LOCAL_RANK and NODE_RANK; RANK comes later, if at all.
     for var in ("RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK"):
         value = os.environ.get(var, "0")
@@ -130,7 +130,7 @@ def _at_exit() -> None:
 def finish(print_notices: bool = True) -> dict[str, Any] | None:
     """Print the end-of-run lines (rank 0 only, once); return the report when one was asked for."""
     global _finished
-    if _finished or not _is_rank_zero():
+    if _finished or not is_rank_zero():
         return None
     _finished = True
     out = sys.stderr

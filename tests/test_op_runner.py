@@ -28,7 +28,7 @@ from nano_patch import report
 from nano_patch.vision import functional as K
 from nano_patch.vision import oprunner, pipeline, plan, policies
 from nano_patch.vision.image import FastImage
-from nano_patch.vision.pixels import _JITTER
+from nano_patch.vision.pixels import JITTER
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
@@ -79,7 +79,7 @@ VFLIP = (lambda r: r.vflip(), lambda im: im.transpose(Image.Transpose.FLIP_TOP_B
 
 def _colour(i, factor):
     stock = (F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue)[i]
-    return lambda r: r.colour(_JITTER[i], factor), lambda im: stock(im, factor)
+    return lambda r: r.colour(JITTER[i], factor), lambda im: stock(im, factor)
 
 
 def _grey(n):

@@ -16,13 +16,7 @@ import nano_patch
 PACKAGE = Path(nano_patch.__file__).resolve().parent
 
 #: (the module that uses it, the private name with the module it belongs to)
-KNOWN = {
-    ("nano_patch.patches.timm_datasets", "nano_patch.data.batches._inherits_getitem"),
-    ("nano_patch.patches.vision_datasets", "nano_patch.data.batches._inherits_getitem"),
-    ("nano_patch.vision.batch", "nano_patch.vision.loading._count_hit"),
-    ("nano_patch.vision.cache.choice", "nano_patch.session._is_rank_zero"),
-    ("nano_patch.vision.plan", "nano_patch.vision.functional._lut"),
-}
+KNOWN: set[tuple[str, str]] = set()
 
 
 def _private(name: str) -> bool:

@@ -230,14 +230,14 @@ def test_a_rank_started_by_lightnings_launcher_is_not_rank_zero(monkeypatch):
 
     for var in ("RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK"):
         monkeypatch.delenv(var, raising=False)
-    assert session._is_rank_zero()
+    assert session.is_rank_zero()
     monkeypatch.setenv("LOCAL_RANK", "0")
-    assert session._is_rank_zero()
+    assert session.is_rank_zero()
     monkeypatch.setenv("LOCAL_RANK", "1")
-    assert not session._is_rank_zero()
+    assert not session.is_rank_zero()
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("NODE_RANK", "1")
-    assert not session._is_rank_zero()
+    assert not session.is_rank_zero()
 
 
 def test_the_start_timeout_variable_is_no_option_and_is_read(monkeypatch):

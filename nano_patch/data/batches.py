@@ -36,12 +36,12 @@ def _rgb_loading(dataset: Any) -> bool:
         return False
     folder = datasets.folder
     if isinstance(dataset, folder.DatasetFolder):
-        return _inherits_getitem(type(dataset), folder.DatasetFolder) and dataset.loader in (
+        return inherits_getitem(type(dataset), folder.DatasetFolder) and dataset.loader in (
             folder.default_loader, folder.pil_loader)
     return any(type(dataset) is getattr(datasets, name, None) for name in _ADAPTED)
 
 
-def _inherits_getitem(cls: type, base: type) -> bool:
+def inherits_getitem(cls: type, base: type) -> bool:
     for klass in cls.__mro__:
         if klass is base:
             return True

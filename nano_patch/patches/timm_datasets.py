@@ -86,7 +86,7 @@ def _getitems(dataset_cls: type, reader_cls: type, reader_methods: dict[str, Any
     targets (-1 for none, else its ``target_transform``). A file that fails to load is loaded one by one through
     ``__getitem__`` at its place, which skips it as timm does."""
     from ..data import parallel
-    from ..data.batches import _inherits_getitem
+    from ..data.batches import inherits_getitem
     from ..vision import batch
 
     stock_getitem = reader_methods["__getitem__"]
@@ -102,7 +102,7 @@ def _getitems(dataset_cls: type, reader_cls: type, reader_methods: dict[str, Any
             return out
 
     def load(self: Any, indices: list[int], n_threads: int) -> list[Any]:
-        if n_threads > 1 and _inherits_getitem(type(self), dataset_cls) and \
+        if n_threads > 1 and inherits_getitem(type(self), dataset_cls) and \
                 _why_timm_code(self, reader_cls, stock_getitem) is None:
             try:
                 entries = [self.reader.samples[i] for i in indices]

@@ -91,7 +91,7 @@ def _batch_adapter(cls: type, why_not: Callable[[Any], str | None],
     loop would call ``cls.__getitem__`` for each. The batch loads on the loader's threads where it can
     (``vision/batch.py``); None, having run nothing, where stock's loop must load it."""
     from ..data import parallel
-    from ..data.batches import _inherits_getitem
+    from ..data.batches import inherits_getitem
     from ..vision import batch
 
     def transforms(dataset: Any) -> tuple[Any, Any]:
@@ -113,10 +113,7 @@ def _batch_adapter(cls: type, why_not: Callable[[Any], str | None],
         why = None
         if n_threads <= 1:
             return None  # one loader thread: stock's loop
-        if not _inherits_getitem(type(self), cls):
-            why = f"{type(self).__name__} overrides __getitem__"
-        else:
-            why = why_not(self)
+        why = f"{type(self).__name__} overrides __getitem__" if not inherits_getitem(type(self), cls) else why_not(self)
         if why is None:
             try:
                 entries = [sample_of(self, i) for i in indices]

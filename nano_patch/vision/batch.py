@@ -121,7 +121,7 @@ def _draws_beyond_torch(the_plan: plan.Plan | None) -> bool:
     """Whether a step of the plan may draw from Python's or NumPy's generator (timm's steps), not torch's alone."""
     if the_plan is None:
         return False
-    return any(r is not None and r.__name__.startswith("_run_timm") for r in the_plan.runners)
+    return any(r is not None and r.__name__.startswith("run_timm") for r in the_plan.runners)
 
 
 #: Datasets whose batches load one by one, and why (a ``target_transform`` that draws from the global generators:

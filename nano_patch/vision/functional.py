@@ -342,7 +342,7 @@ def rotate(a: np.ndarray, angle: float, interpolation: int = Image.NEAREST, expa
 # --- colour -------------------------------------------------------------------------------
 
 
-def _lut(a: np.ndarray, table: np.ndarray) -> np.ndarray:
+def lut(a: np.ndarray, table: np.ndarray) -> np.ndarray:
     return cv2().LUT(_contig(a), table.astype(np.uint8))
 
 
@@ -419,7 +419,7 @@ def _blend_const(a: np.ndarray, value: int, factor: float) -> np.ndarray:
         return native.blend_const(a, value, factor)
     except native.NativeUnavailable as exc:
         _fell_back("blend", exc)
-    return _lut(a, _blend_lut(float(value), factor))
+    return lut(a, _blend_lut(float(value), factor))
 
 
 def adjust_brightness(a: np.ndarray, brightness_factor: float) -> np.ndarray:
@@ -448,7 +448,7 @@ def adjust_gamma(a: np.ndarray, gamma: float, gain: float = 1.0) -> np.ndarray:
     if gamma < 0:
         raise ValueError("Gamma should be a non-negative real number")
     table = np.array([int((255 + 1 - 1e-3) * gain * pow(ele / 255.0, gamma)) for ele in range(256)])
-    return _lut(a, np.clip(table, 0, 255))
+    return lut(a, np.clip(table, 0, 255))
 
 
 def invert(a: np.ndarray) -> np.ndarray:
@@ -465,13 +465,13 @@ def posterize(a: np.ndarray, bits: int) -> np.ndarray:
 def solarize(a: np.ndarray, threshold: int) -> np.ndarray:
     threshold = _real(threshold)
     v = np.arange(256)
-    return _lut(a, np.where(v < threshold, v, 255 - v))
+    return lut(a, np.where(v < threshold, v, 255 - v))
 
 
 def _per_channel_lut(a: np.ndarray, tables: list[np.ndarray]) -> np.ndarray:
     """Apply one 256-entry table per channel (PIL's ``point`` with a table per band)."""
     if a.ndim == 2:
-        return _lut(a, tables[0])
+        return lut(a, tables[0])
     return cv2().LUT(_contig(a), np.stack(tables, axis=1).astype(np.uint8).reshape(256, 1, a.shape[2]))
 
 

@@ -86,9 +86,9 @@ _module_error: str | None = None
 _verdicts: dict[str, str] = {}  # kernel -> "" (checked, exact) or why it is not used
 _passed: dict[str, ModuleType] = {}  # kernel -> the module that passed its check
 _arithmetic: dict[str, int] = {}  # kernel -> which PIL's arithmetic it matched (VARIANT_NAMES)
-_resample_variant = (1, 0)
-_grey_mode = 0
-_saturation_mode = 0
+resample_variant = (1, 0)
+grey_mode = 0
+saturation_mode = 0
 _jpeg_module: ModuleType | None = None
 _jpeg_error: str | None = None
 _crop_multiscan = True  # progressive (and other multi-scan) JPEGs region-decoded: the check may say no
@@ -262,7 +262,7 @@ def resample(a: np.ndarray, size: tuple[int, int], resample_filter: int,
     box = (0.0, 0.0, float(a.shape[1]), float(a.shape[0])) if box is None else tuple(float(b) for b in box)
     top, left, wh, ww = (0, 0, h, w) if window is None else (int(v) for v in window)
     out = np.empty((wh, ww) + a.shape[2:], np.uint8)
-    mod.resample(a, out, int(resample_filter), box, bool(flip), _resample_variant, (w, h), (left, top))
+    mod.resample(a, out, int(resample_filter), box, bool(flip), resample_variant, (w, h), (left, top))
     return out
 
 
@@ -309,7 +309,7 @@ def rgb_to_l(a: np.ndarray) -> np.ndarray:
     if a.ndim != 3:
         raise ValueError("rgb_to_l takes an H x W x 3 array")
     out = np.empty(a.shape[:2], np.uint8)
-    mod.rgb_to_l(a, out, _grey_mode)
+    mod.rgb_to_l(a, out, grey_mode)
     return out
 
 
@@ -317,7 +317,7 @@ def contrast_mean(a: np.ndarray) -> int:
     """ImageEnhance.Contrast's grey level: the mean of ``convert("L")``, rounded as ImageStat and int() do."""
     mod = kernel("grayscale")
     a = _image(a)
-    total = mod.gray_sum(a, _grey_mode)
+    total = mod.gray_sum(a, grey_mode)
     return int(total / (a.shape[0] * a.shape[1]) + 0.5)
 
 
@@ -328,7 +328,7 @@ def saturation(a: np.ndarray, factor: float) -> np.ndarray:
     if a.ndim != 3:
         raise ValueError("saturation takes an H x W x 3 array")
     out = np.empty_like(a, order="C")
-    mod.blend_gray(a, out, float(factor), _saturation_mode)
+    mod.blend_gray(a, out, float(factor), saturation_mode)
     return out
 
 
@@ -481,7 +481,7 @@ RESAMPLE_PROBES: list[tuple[tuple[int, int], tuple[int, int], tuple[float, float
 def check_resample(mod: ModuleType) -> str | None:
     """None if ``mod.resample`` equals the installed PIL on every probe, in one of
     :data:`RESAMPLE_VARIANTS` (which is then used)."""
-    global _resample_variant
+    global resample_variant
     from PIL import Image
 
     cases = []
@@ -498,7 +498,7 @@ def check_resample(mod: ModuleType) -> str | None:
                 cases.append((arr, dst, f, box or (0.0, 0.0, float(src[1]), float(src[0])), want))
     for variant in RESAMPLE_VARIANTS:
         if all(_resample_matches(mod, variant, *case) for case in cases):
-            _resample_variant = variant
+            resample_variant = variant
             _arithmetic["resample"] = variant[1]
             return None
     return f"the compiled resize differs from {_pil_version()}'s, in Pillow's arithmetic and in pillow-simd's"
@@ -622,7 +622,7 @@ def check_warp(mod: ModuleType, filters: tuple[int, ...] = tuple(WARP_FILTERS)) 
 
 def check_grayscale(mod: ModuleType) -> str | None:
     """None if RGB-to-L and the grey sum equal the installed PIL's in one of :data:`GREY_MODES`."""
-    global _grey_mode
+    global grey_mode
     from PIL import Image
 
     probe = probe_colours()
@@ -638,7 +638,7 @@ def check_grayscale(mod: ModuleType) -> str | None:
                 ok = False
                 break
         if ok:
-            _grey_mode = mode
+            grey_mode = mode
             _arithmetic["grayscale"] = mode
             return None
     return f"the compiled RGB-to-L conversion differs from {_pil_version()}'s"
@@ -648,7 +648,7 @@ SATURATION_PROBE_FACTORS = (0.0, 0.3, 0.5, 0.6, 1.0, 1.4, 2.0, -0.5, 7.5)
 
 
 def check_saturation(mod: ModuleType) -> str | None:
-    global _saturation_mode
+    global saturation_mode
     from PIL import Image, ImageEnhance
 
     probe = probe_colours()
@@ -667,7 +667,7 @@ def check_saturation(mod: ModuleType) -> str | None:
             if not ok:
                 break
         if ok:
-            _saturation_mode = mode
+            saturation_mode = mode
             _arithmetic["saturation"] = mode
             return None
     return f"the compiled saturation blend differs from {_pil_version()}'s"

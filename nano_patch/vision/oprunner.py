@@ -116,8 +116,8 @@ def prepare(recording: Recording) -> NativeRun | str:
 
 
 def _settings() -> tuple[int, int, int, int]:
-    order_rule, weights = native._resample_variant
-    return order_rule, weights, native._grey_mode, native._saturation_mode
+    order_rule, weights = native.resample_variant
+    return order_rule, weights, native.grey_mode, native.saturation_mode
 
 
 def _own_output(job: NativeRun) -> tuple[np.ndarray, Any]:

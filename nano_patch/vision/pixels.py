@@ -27,11 +27,11 @@ from . import functional as K
 from .image import FastImage
 
 #: torchvision.transforms.functional and torch, set by ``plan.configure`` (stock's own functions and draws).
-_F: Any = None
-_torch: Any = None
+stock_F: Any = None
+stock_torch: Any = None
 #: pillow-simd's grey depends on a pixel's place in its row (its SIMD loop leaves the last width % 4
 #: pixels to Pillow's formula), so under it a flip must not wait through the grey-based operations.
-_GREY_BY_POSITION = False
+GREY_BY_POSITION = False
 
 
 class UseStock(Exception):
@@ -138,13 +138,13 @@ class Pixels:
         return self
 
     def colour(self, op: tuple[Callable[..., np.ndarray], str, bool], factor: float) -> Pixels:
-        """One of ColorJitter's operations (``_JITTER``) by its kernel, or by stock's function where the kernel
+        """One of ColorJitter's operations (``JITTER``) by its kernel, or by stock's function where the kernel
         leaves an argument to stock."""
         return _colour(self, op, factor)
 
     def grey(self, channels: int) -> Pixels:
         """``to_grayscale`` with ``channels`` (1 or 3) output channels."""
-        before = self.array() if _GREY_BY_POSITION else self.unflipped()
+        before = self.array() if GREY_BY_POSITION else self.unflipped()
         self.base = K.to_grayscale(before, channels)
         if self.base is not before:
             self.owned = True
@@ -266,7 +266,7 @@ def _hue(a: np.ndarray, factor: float) -> np.ndarray:
 
 
 #: ColorJitter's operations by its fn_idx: (array kernel, stock functional name, result keeps info).
-_JITTER = ((K.adjust_brightness, "adjust_brightness", False), (K.adjust_contrast, "adjust_contrast", False),
+JITTER = ((K.adjust_brightness, "adjust_brightness", False), (K.adjust_contrast, "adjust_contrast", False),
            (K.adjust_saturation, "adjust_saturation", True), (_hue, "adjust_hue", False))
 
 
@@ -274,12 +274,12 @@ def _colour(px: Pixels, op: tuple[Callable[..., np.ndarray], str, bool], factor:
     kernel, name, keeps_info = op
     grey_based = name in ("adjust_contrast", "adjust_saturation")
     try:
-        out = kernel(px.array() if grey_based and _GREY_BY_POSITION else px.unflipped(), factor)
+        out = kernel(px.array() if grey_based and GREY_BY_POSITION else px.unflipped(), factor)
     except (TypeError, ValueError):
         # an argument the kernel leaves to stock: stock's function, on stock's image
-        result = getattr(_F, name)(px.image(), factor)
+        result = getattr(stock_F, name)(px.image(), factor)
         if not (isinstance(result, Image.Image) and result.mode == px.mode):
-            raise _Left(result) from None
+            raise LeftPlan(result) from None
         return Pixels.of(result)
     if out is not px.base:
         px.owned = True
@@ -289,7 +289,7 @@ def _colour(px: Pixels, op: tuple[Callable[..., np.ndarray], str, bool], factor:
     return px
 
 
-class _Left(Exception):
+class LeftPlan(Exception):
     """A stock function inside a planned step returned something the plan does not carry on."""
 
     def __init__(self, value: Any) -> None:
@@ -403,7 +403,7 @@ def _plain_factor(factor: Any) -> float | None:
 
 
 class Colour(Op):
-    """One of ColorJitter's operations (``_JITTER``: brightness, contrast, saturation, hue) with its factor."""
+    """One of ColorJitter's operations (``JITTER``: brightness, contrast, saturation, hue) with its factor."""
 
     __slots__ = ("op", "factor")
 
@@ -413,7 +413,7 @@ class Colour(Op):
         f = _plain_factor(factor)
         if f is None:
             self._native(None, f"{op[1]} with factor {factor!r} (stock's own checks)")
-        elif code in (OP_CONTRAST, OP_SATURATION) and _GREY_BY_POSITION:
+        elif code in (OP_CONTRAST, OP_SATURATION) and GREY_BY_POSITION:
             self._native(None, f"{op[1]} under pillow-simd (its grey depends on the pixel's place)")
         elif code == OP_HUE:
             if not -0.5 <= f <= 0.5:
@@ -434,7 +434,7 @@ class Grey(Op):
 
     def __init__(self, channels: int) -> None:
         self.channels = channels
-        self._native(None if _GREY_BY_POSITION else (OP_GREY, channels, 0, 0, 0, 0.0, None),
+        self._native(None if GREY_BY_POSITION else (OP_GREY, channels, 0, 0, 0, 0.0, None),
                      "grey under pillow-simd (its grey depends on the pixel's place)")
 
     def apply(self, px: Pixels) -> Pixels:
@@ -449,7 +449,7 @@ _point_tables_lock = threading.Lock()
 def _point_table(kernel: Callable[..., np.ndarray], args: tuple[Any, ...]) -> bytes | None:
     """The 256-entry table of a per-value point kernel with these arguments (the kernel's own arithmetic, run
     once on the 256 values), or None where the kernel is not one (a histogram op) or refuses them."""
-    if kernel not in (K.posterize, K.solarize, K.invert, K._lut):
+    if kernel not in (K.posterize, K.solarize, K.invert, K.lut):
         return None  # autocontrast, equalize: their tables depend on the image's histogram
     key = (kernel, *((type(a), a) for a in args)) if all(type(a) in (int, float) for a in args) else None
     if key is not None:

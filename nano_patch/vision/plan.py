@@ -41,57 +41,57 @@ from .image import FastImage
 from .pixels import (  # noqa: F401 - the plan's public names, where callers have always found them
     DecodeFailed,
     JpegPixels,
+    LeftPlan,
     NotSplittable,
     Pixels,
     Recording,
     RenderFailed,
     UseStock,
-    _Left,
     render,
 )
 from .policies import (  # noqa: F401 - tests reach the policies' ops through the plan
-    _POLICY_METHODS,
-    _policy_op,
-    _run_augmix,
-    _run_auto_augment,
-    _run_rand_augment,
-    _run_timm_auto_augment,
-    _run_timm_rand_augment,
-    _run_trivial_augment_wide,
-    _v2_op,
+    POLICY_METHODS,
     configure_v2,
+    policy_op,
+    run_augmix,
+    run_auto_augment,
+    run_rand_augment,
+    run_timm_auto_augment,
+    run_timm_rand_augment,
+    run_trivial_augment_wide,
     run_v2_policy,
+    v2_op,
 )
 from .steps import (
-    _run_center_crop,
-    _run_color_jitter,
-    _run_grayscale,
-    _run_hflip,
-    _run_random_crop,
-    _run_random_grayscale,
-    _run_random_resized_crop,
-    _run_resize,
-    _run_timm_random_resized_crop,
-    _run_vflip,
+    run_center_crop,
+    run_color_jitter,
+    run_grayscale,
+    run_hflip,
+    run_random_crop,
+    run_random_grayscale,
+    run_random_resized_crop,
+    run_resize,
+    run_timm_random_resized_crop,
+    run_vflip,
 )
 
 _RUNNERS: dict[str, Callable[[Any, Pixels], Any]] = {
-    "Resize": _run_resize,
-    "RandomResizedCrop": _run_random_resized_crop,
-    "CenterCrop": _run_center_crop,
-    "RandomCrop": _run_random_crop,
-    "RandomHorizontalFlip": _run_hflip,
-    "RandomVerticalFlip": _run_vflip,
-    "ColorJitter": _run_color_jitter,
-    "Grayscale": _run_grayscale,
-    "RandomGrayscale": _run_random_grayscale,
-    "RandomResizedCropAndInterpolation": _run_timm_random_resized_crop,
-    "AutoAugment": _run_auto_augment,
-    "RandAugment": _run_rand_augment,
-    "TrivialAugmentWide": _run_trivial_augment_wide,
-    "AugMix": _run_augmix,
-    "timm.RandAugment": _run_timm_rand_augment,
-    "timm.AutoAugment": _run_timm_auto_augment,
+    "Resize": run_resize,
+    "RandomResizedCrop": run_random_resized_crop,
+    "CenterCrop": run_center_crop,
+    "RandomCrop": run_random_crop,
+    "RandomHorizontalFlip": run_hflip,
+    "RandomVerticalFlip": run_vflip,
+    "ColorJitter": run_color_jitter,
+    "Grayscale": run_grayscale,
+    "RandomGrayscale": run_random_grayscale,
+    "RandomResizedCropAndInterpolation": run_timm_random_resized_crop,
+    "AutoAugment": run_auto_augment,
+    "RandAugment": run_rand_augment,
+    "TrivialAugmentWide": run_trivial_augment_wide,
+    "AugMix": run_augmix,
+    "timm.RandAugment": run_timm_rand_augment,
+    "timm.AutoAugment": run_timm_auto_augment,
 }
 #: Classes of other libraries the plan knows, recorded the first time a plan meets them:
 #: (module, name). timm's transforms call torchvision's functional kernels with its own draws.
@@ -110,8 +110,8 @@ def configure(transforms: Any) -> None:
 
     from .. import sysinfo
 
-    P._F, P._torch = functional, torch
-    P._GREY_BY_POSITION = sysinfo.pillow_is_simd()
+    P.stock_F, P.stock_torch = functional, torch
+    P.GREY_BY_POSITION = sysinfo.pillow_is_simd()
     _STOCK_METHODS.clear()
     _CLASSES.clear()
     others = {name for module, name in _OTHERS if module != "timm.data.auto_augment"} | {
@@ -120,7 +120,7 @@ def configure(transforms: Any) -> None:
                  "Normalize"):
         cls = getattr(transforms, name)
         _CLASSES[name] = cls
-        _STOCK_METHODS[cls] = {m: vars(cls)[m] for m in ("forward", "__call__", "get_params", *_POLICY_METHODS)
+        _STOCK_METHODS[cls] = {m: vars(cls)[m] for m in ("forward", "__call__", "get_params", *POLICY_METHODS)
                                if m in vars(cls)}
     _plans.clear()
 
@@ -161,7 +161,7 @@ class Tail:
         return _is_stock(self.steps[0], "ToTensor") or _is_stock(self.steps[0], "MaybeToTensor")
 
     def _key(self, channels: int) -> tuple[Any, ...] | None:
-        key: list[Any] = [channels, P._torch.get_default_dtype() if self.to_tensor else None]
+        key: list[Any] = [channels, P.stock_torch.get_default_dtype() if self.to_tensor else None]
         for t in self.steps[1:]:
             if _is_stock(t, "ConvertImageDtype"):
                 key.append(t.dtype)
@@ -182,7 +182,7 @@ class Tail:
         return self.tables[key]
 
     def _probe(self, channels: int) -> np.ndarray | None:
-        torch = P._torch
+        torch = P.stock_torch
         x = torch.arange(256, dtype=torch.uint8).view(1, 1, 256).expand(channels, 1, 256).contiguous()
         if self.to_tensor:
             x = x.to(dtype=torch.get_default_dtype()).div(255)  # ToTensor's own arithmetic on a uint8 image
@@ -267,13 +267,13 @@ class Plan:
 _plans: weakref.WeakKeyDictionary[Any, Plan] = weakref.WeakKeyDictionary()
 _plans_lock = threading.Lock()
 #: Runners whose first act is a crop of a window drawn from the size (after checks made before any draw).
-_CROPS = (_run_random_resized_crop, _run_timm_random_resized_crop, _run_random_crop, _run_center_crop)
+_CROPS = (run_random_resized_crop, run_timm_random_resized_crop, run_random_crop, run_center_crop)
 
 
 def draws_from_python(compose: Any) -> bool:
     """The plan's first step draws from Python's ``random`` (timm's crops), not only from torch."""
     p = plan_for(compose)
-    return bool(p.runners) and p.runners[0] is _run_timm_random_resized_crop
+    return bool(p.runners) and p.runners[0] is run_timm_random_resized_crop
 
 
 def plan_for(compose: Any) -> Plan:
@@ -327,7 +327,7 @@ def run(compose: Any, img: Image.Image | Pixels, *, skip: int = 0, uint8_tail: b
                 out = runner(t, x)
             except UseStock:
                 pass
-            except _Left as left:
+            except LeftPlan as left:
                 x = left.value
                 i += 1
                 continue

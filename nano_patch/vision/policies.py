@@ -19,10 +19,10 @@ from PIL import Image
 from .. import report
 from . import functional as K
 from . import pixels as P
-from .pixels import _JITTER, NotSplittable, Pixels, Recording, UseStock, _Left
+from .pixels import JITTER, LeftPlan, NotSplittable, Pixels, Recording, UseStock
 
 #: Methods a policy class must still have (stock's) to be planned, besides forward/__call__/get_params.
-_POLICY_METHODS = ("_augmentation_space", "_pil_to_tensor", "_tensor_to_pil", "_sample_dirichlet")
+POLICY_METHODS = ("_augmentation_space", "_pil_to_tensor", "_tensor_to_pil", "_sample_dirichlet")
 #: Per policy class and arguments of ``_augmentation_space``: [(op name, magnitudes as floats or None,
 #: signed)] in stock's order. ``_augmentation_space`` is a pure function of its arguments (linspaces),
 #: so its floats are computed once, with stock's own code, instead of per image.
@@ -43,13 +43,13 @@ def _warp_filter(interpolation: Any) -> int:
     """PIL's filter number for a policy's ``interpolation``, as ``F.affine``/``F.rotate`` map it."""
     mode = interpolation
     if isinstance(mode, int) and not isinstance(mode, bool):
-        mode = P._F._interpolation_modes_from_int(mode)
-    elif not isinstance(mode, P._F.InterpolationMode):
+        mode = P.stock_F._interpolation_modes_from_int(mode)
+    elif not isinstance(mode, P.stock_F.InterpolationMode):
         raise UseStock
-    return int(P._F.pil_modes_mapping[mode])
+    return int(P.stock_F.pil_modes_mapping[mode])
 
 
-def _policy_op(px: Pixels, name: str, magnitude: float, interpolation: Any, fill: Any) -> Pixels:
+def policy_op(px: Pixels, name: str, magnitude: float, interpolation: Any, fill: Any) -> Pixels:
     """torchvision's ``autoaugment._apply_op`` on PIL input, with the kernels; stock's own ``_apply_op`` on
     the image for anything the kernels leave to stock."""
     try:
@@ -61,7 +61,7 @@ def _policy_op(px: Pixels, name: str, magnitude: float, interpolation: Any, fill
     result = autoaugment._apply_op(px.image(), name, magnitude, interpolation=interpolation, fill=fill)
     if isinstance(result, Image.Image) and result.mode in ("RGB", "L"):
         return Pixels.of(result)
-    raise _Left(result)
+    raise LeftPlan(result)
 
 
 def _affine_matrix(px: Pixels, angle: float, translate: list[Any], shear: list[float],
@@ -73,7 +73,7 @@ def _affine_matrix(px: Pixels, angle: float, translate: list[Any], shear: list[f
         center = [w * 0.5, h * 0.5]
     if v2:
         return _v2_geometry()._get_inverse_affine_matrix([float(c) for c in center], angle, translate, 1.0, shear)
-    return P._F._get_inverse_affine_matrix(center, angle, translate, 1.0, shear)
+    return P.stock_F._get_inverse_affine_matrix(center, angle, translate, 1.0, shear)
 
 
 def _v2_geometry() -> Any:
@@ -89,7 +89,7 @@ def _policy_kernel(px: Pixels, name: str, magnitude: float, interpolation: Any, 
     for anything it does not reproduce."""
     if name in _GEOMETRY:
         if v2:
-            f = int(P._F.pil_modes_mapping[_v2_geometry()._check_interpolation(interpolation)])
+            f = int(P.stock_F.pil_modes_mapping[_v2_geometry()._check_interpolation(interpolation)])
         else:
             f = _warp_filter(interpolation)
         if name == "Rotate":
@@ -121,13 +121,13 @@ def _policy_kernel(px: Pixels, name: str, magnitude: float, interpolation: Any, 
 
 
 _GEOMETRY = frozenset({"ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate"})
-_POLICY_COLOUR = {"Brightness": _JITTER[0], "Contrast": _JITTER[1], "Color": _JITTER[2]}
+_POLICY_COLOUR = {"Brightness": JITTER[0], "Contrast": JITTER[1], "Color": JITTER[2]}
 _POLICY_POINT: dict[str, Callable[..., np.ndarray]] = {
     "Posterize": K.posterize, "Solarize": K.solarize, "AutoContrast": K.autocontrast, "Equalize": K.equalize,
     "Invert": K.invert}
 
 
-def _run_auto_augment(t: Any, px: Pixels) -> Pixels:
+def run_auto_augment(t: Any, px: Pixels) -> Pixels:
     transform_id, probs, signs = t.get_params(len(t.policies))
     space = dict((n, (m, s)) for n, m, s in _space(t, 10, px.hw))
     for i, (name, p, magnitude_id) in enumerate(t.policies[transform_id]):
@@ -136,22 +136,22 @@ def _run_auto_augment(t: Any, px: Pixels) -> Pixels:
             magnitude = float(magnitudes[magnitude_id]) if magnitude_id is not None else 0.0
             if signed and signs[i] == 0:
                 magnitude *= -1.0
-            px = _policy_op(px, name, magnitude, t.interpolation, t.fill)
+            px = policy_op(px, name, magnitude, t.interpolation, t.fill)
     return px
 
 
-def _run_rand_augment(t: Any, px: Pixels) -> Pixels:
+def run_rand_augment(t: Any, px: Pixels) -> Pixels:
     space = _space(t, t.num_magnitude_bins, px.hw)
     for _ in range(t.num_ops):
-        name, magnitudes, signed = space[int(P._torch.randint(len(space), (1,)).item())]
+        name, magnitudes, signed = space[int(P.stock_torch.randint(len(space), (1,)).item())]
         magnitude = float(magnitudes[t.magnitude]) if magnitudes is not None else 0.0
-        if signed and P._torch.randint(2, (1,)):
+        if signed and P.stock_torch.randint(2, (1,)):
             magnitude *= -1.0
-        px = _policy_op(px, name, magnitude, t.interpolation, t.fill)
+        px = policy_op(px, name, magnitude, t.interpolation, t.fill)
     return px
 
 
-def _run_augmix(t: Any, px: Pixels) -> Pixels:
+def run_augmix(t: Any, px: Pixels) -> Pixels:
     """AugMix mixes on tensors with torch's arithmetic: ``vision/augmix.py`` runs it as stock does, with its
     sampling grids and per-value ops computed once."""
     from . import augmix
@@ -162,14 +162,14 @@ def _run_augmix(t: Any, px: Pixels) -> Pixels:
     return Pixels.of(augmix.run(t, px.image(), _space(t, t._PARAMETER_MAX, (h, w))))
 
 
-def _run_trivial_augment_wide(t: Any, px: Pixels) -> Pixels:
+def run_trivial_augment_wide(t: Any, px: Pixels) -> Pixels:
     space = _space(t, t.num_magnitude_bins)
-    name, magnitudes, signed = space[int(P._torch.randint(len(space), (1,)).item())]
-    magnitude = (float(magnitudes[P._torch.randint(len(magnitudes), (1,), dtype=P._torch.long)])
+    name, magnitudes, signed = space[int(P.stock_torch.randint(len(space), (1,)).item())]
+    magnitude = (float(magnitudes[P.stock_torch.randint(len(magnitudes), (1,), dtype=P.stock_torch.long)])
                  if magnitudes is not None else 0.0)
-    if signed and P._torch.randint(2, (1,)):
+    if signed and P.stock_torch.randint(2, (1,)):
         magnitude *= -1.0
-    return _policy_op(px, name, magnitude, t.interpolation, t.fill)
+    return policy_op(px, name, magnitude, t.interpolation, t.fill)
 
 
 # --- the v2 policies (transforms.v2, PIL input) ------------------------------------------------------
@@ -195,7 +195,7 @@ def run_v2_policy(t: Any, img: Image.Image) -> Any:
     """A v2 policy on a lone PIL image (a ``FastImage``) by its plan: stock's draws in stock's order, each
     op a kernel on the array. None when ``t`` is not exactly a stock v2 policy (run it as it is)."""
     entry = _V2_POLICIES.get(type(t))
-    if entry is None or P._torch is None or "_AUGMENTATION_SPACE" in vars(t):
+    if entry is None or P.stock_torch is None or "_AUGMENTATION_SPACE" in vars(t):
         return None
     runner, stock = entry
     if any(getattr(type(t), m, None) is not f for m, f in stock.items()):
@@ -218,7 +218,7 @@ def _v2_space(t: Any, bins: int, h: int, w: int) -> list[tuple[str, list[float] 
     return space
 
 
-def _v2_op(t: Any, px: Pixels, name: str, magnitude: float) -> Pixels:
+def v2_op(t: Any, px: Pixels, name: str, magnitude: float) -> Pixels:
     from PIL.Image import Image as PILImage
     from torchvision.transforms.v2._utils import _get_fill
 
@@ -231,27 +231,27 @@ def _v2_op(t: Any, px: Pixels, name: str, magnitude: float) -> Pixels:
                                                fill=t._fill)
     if isinstance(result, Image.Image) and result.mode in ("RGB", "L"):
         return Pixels.of(result)
-    raise _Left(result)
+    raise LeftPlan(result)
 
 
 def _v2_magnitude(magnitudes: list[float] | None, index: Any, signed: bool) -> float:
     if magnitudes is None:
         return 0.0
     magnitude = float(magnitudes[index() if callable(index) else index])
-    if signed and P._torch.rand(()) <= 0.5:
+    if signed and P.stock_torch.rand(()) <= 0.5:
         magnitude *= -1
     return magnitude
 
 
 def _run_v2_auto_augment(t: Any, px: Pixels) -> Pixels:
     h, w = px.hw
-    policy = t._policies[int(P._torch.randint(len(t._policies), ()))]
+    policy = t._policies[int(P.stock_torch.randint(len(t._policies), ()))]
     space = {n: (m, s) for n, m, s in _v2_space(t, 10, h, w)}
     for name, probability, magnitude_idx in policy:
-        if not P._torch.rand(()) <= probability:
+        if not P.stock_torch.rand(()) <= probability:
             continue
         magnitudes, signed = space[name]
-        px = _v2_op(t, px, name, _v2_magnitude(magnitudes, magnitude_idx, signed))
+        px = v2_op(t, px, name, _v2_magnitude(magnitudes, magnitude_idx, signed))
     return px
 
 
@@ -259,17 +259,17 @@ def _run_v2_rand_augment(t: Any, px: Pixels) -> Pixels:
     h, w = px.hw
     space = _v2_space(t, t.num_magnitude_bins, h, w)
     for _ in range(t.num_ops):
-        name, magnitudes, signed = space[int(P._torch.randint(len(space), ()))]
-        px = _v2_op(t, px, name, _v2_magnitude(magnitudes, t.magnitude, signed))
+        name, magnitudes, signed = space[int(P.stock_torch.randint(len(space), ()))]
+        px = v2_op(t, px, name, _v2_magnitude(magnitudes, t.magnitude, signed))
     return px
 
 
 def _run_v2_trivial_augment_wide(t: Any, px: Pixels) -> Pixels:
     h, w = px.hw
     space = _v2_space(t, t.num_magnitude_bins, h, w)
-    name, magnitudes, signed = space[int(P._torch.randint(len(space), ()))]
-    index = lambda: int(P._torch.randint(t.num_magnitude_bins, ()))  # noqa: E731 - drawn only with magnitudes
-    return _v2_op(t, px, name, _v2_magnitude(magnitudes, index, signed))
+    name, magnitudes, signed = space[int(P.stock_torch.randint(len(space), ()))]
+    index = lambda: int(P.stock_torch.randint(t.num_magnitude_bins, ()))  # noqa: E731 - drawn only with magnitudes
+    return v2_op(t, px, name, _v2_magnitude(magnitudes, index, signed))
 
 
 # --- timm's AutoAugment and RandAugment: timm's own draws (NumPy's and Python's random), in timm's order ---
@@ -303,7 +303,7 @@ def _timm_solarize_add(px: Pixels, add: Any, thresh: Any = 128, **_: Any) -> Pix
     table = np.array([min(255, i + add) if i < thresh else i for i in range(256)])
     if table.dtype.kind not in "iu" or table.min() < 0 or table.max() > 255:
         raise UseStock  # PIL's point decides what it makes of such a table
-    return px.point(K._lut, table)
+    return px.point(K.lut, table)
 
 
 def _timm_posterize(px: Pixels, bits: Any, **_: Any) -> Pixels:
@@ -318,8 +318,8 @@ def _timm_kernels(aa: Any) -> dict[Any, Callable[..., Pixels]]:
     return {aa.auto_contrast: _timm_point(K.autocontrast), aa.equalize: _timm_point(K.equalize),
             aa.invert: _timm_point(K.invert), aa.solarize: _timm_point(K.solarize),
             aa.solarize_add: _timm_solarize_add, aa.posterize: _timm_posterize,
-            aa.brightness: _timm_colour(_JITTER[0]), aa.contrast: _timm_colour(_JITTER[1]),
-            aa.color: _timm_colour(_JITTER[2]), aa.sharpness: _timm_sharpness}
+            aa.brightness: _timm_colour(JITTER[0]), aa.contrast: _timm_colour(JITTER[1]),
+            aa.color: _timm_colour(JITTER[2]), aa.sharpness: _timm_sharpness}
 
 
 def _timm_check(t: Any, ops: Any) -> dict[Any, Callable[..., Pixels]]:
@@ -366,10 +366,10 @@ def _timm_op(op: Any, px: Pixels, kernels: dict[Any, Callable[..., Pixels]]) -> 
     result = op.aug_fn(px.image(), *level_args, **op.kwargs)
     if isinstance(result, Image.Image) and result.mode in ("RGB", "L"):
         return Pixels.of(result)
-    raise _Left(result)
+    raise LeftPlan(result)
 
 
-def _run_timm_rand_augment(t: Any, px: Pixels) -> Pixels:
+def run_timm_rand_augment(t: Any, px: Pixels) -> Pixels:
     kernels = _timm_check(t, t.ops)
     ops = np.random.choice(t.ops, t.num_layers, replace=t.choice_weights is None, p=t.choice_weights)
     for op in ops:
@@ -377,7 +377,7 @@ def _run_timm_rand_augment(t: Any, px: Pixels) -> Pixels:
     return px
 
 
-def _run_timm_auto_augment(t: Any, px: Pixels) -> Pixels:
+def run_timm_auto_augment(t: Any, px: Pixels) -> Pixels:
     kernels = _timm_check(t, [op for sub_policy in t.policy for op in sub_policy])
     for op in random.choice(t.policy):
         px = _timm_op(op, px, kernels)

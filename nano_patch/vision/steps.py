@@ -14,21 +14,21 @@ from typing import Any
 
 from . import functional as K
 from . import pixels as P
-from .pixels import _JITTER, Pixels, UseStock
+from .pixels import JITTER, Pixels, UseStock
 
 
 def _pil_filter(interpolation: Any) -> int:
     """PIL's filter number for a transform's ``interpolation``, as ``F.resize`` maps it."""
     mode = interpolation
-    if not isinstance(mode, P._F.InterpolationMode):
+    if not isinstance(mode, P.stock_F.InterpolationMode):
         if isinstance(mode, int) and not isinstance(mode, bool):
             try:
-                mode = P._F._interpolation_modes_from_int(mode)
+                mode = P.stock_F._interpolation_modes_from_int(mode)
             except (KeyError, ValueError) as exc:
                 raise UseStock from exc
         else:
             raise UseStock
-    f = P._F.pil_modes_mapping.get(mode)
+    f = P.stock_F.pil_modes_mapping.get(mode)
     if f not in K.ARRAY_RESIZE_FILTERS:
         raise UseStock
     return int(f)
@@ -52,7 +52,7 @@ def _resize_to(px: Pixels, size: Any, interpolation: Any, max_size: Any, antiali
     if max_size is not None and (len(request) != 1 or not isinstance(max_size, int) or max_size <= request[0]):
         raise UseStock
     h, w = px.hw
-    out = P._F._compute_resized_output_size((h, w), request, max_size)
+    out = P.stock_F._compute_resized_output_size((h, w), request, max_size)
     if [h, w] == out:
         return
     if out[0] <= 0 or out[1] <= 0:
@@ -60,11 +60,11 @@ def _resize_to(px: Pixels, size: Any, interpolation: Any, max_size: Any, antiali
     px.resize_to(out[0], out[1], f)
 
 
-def _run_resize(t: Any, px: Pixels) -> None:
+def run_resize(t: Any, px: Pixels) -> None:
     _resize_to(px, t.size, t.interpolation, t.max_size, t.antialias)
 
 
-def _run_random_resized_crop(t: Any, px: Pixels) -> None:
+def run_random_resized_crop(t: Any, px: Pixels) -> None:
     _pil_filter(t.interpolation)  # checked before the draws
     _size_request(t.size)
     if t.antialias is False:
@@ -74,7 +74,7 @@ def _run_random_resized_crop(t: Any, px: Pixels) -> None:
     _resize_to(px, t.size, t.interpolation, None, t.antialias)
 
 
-def _run_timm_random_resized_crop(t: Any, px: Pixels) -> None:
+def run_timm_random_resized_crop(t: Any, px: Pixels) -> None:
     """timm's RandomResizedCropAndInterpolation: its own draws (Python's ``random``), then F.resized_crop."""
     modes = t.interpolation if isinstance(t.interpolation, (tuple, list)) else (t.interpolation,)
     for mode in modes:
@@ -86,7 +86,7 @@ def _run_timm_random_resized_crop(t: Any, px: Pixels) -> None:
     _resize_to(px, t.size, mode, None, True)
 
 
-def _run_center_crop(t: Any, px: Pixels) -> None:
+def run_center_crop(t: Any, px: Pixels) -> None:
     size = t.size
     if isinstance(size, numbers.Number):
         size = (int(size), int(size))
@@ -101,7 +101,7 @@ def _run_center_crop(t: Any, px: Pixels) -> None:
     px.crop(int(round((h - crop_h) / 2.0)), int(round((w - crop_w) / 2.0)), crop_h, crop_w)
 
 
-def _run_random_crop(t: Any, px: Pixels) -> None:
+def run_random_crop(t: Any, px: Pixels) -> None:
     size = t.size
     if t.padding is not None or not (isinstance(size, (tuple, list)) and len(size) == 2
                                      and all(type(v) is int for v in size)):
@@ -113,22 +113,22 @@ def _run_random_crop(t: Any, px: Pixels) -> None:
     px.crop(i, j, ch, cw)
 
 
-def _run_hflip(t: Any, px: Pixels) -> None:
-    if P._torch.rand(1) < t.p:
+def run_hflip(t: Any, px: Pixels) -> None:
+    if P.stock_torch.rand(1) < t.p:
         px.hflip()
 
 
-def _run_vflip(t: Any, px: Pixels) -> None:
-    if P._torch.rand(1) < t.p:
+def run_vflip(t: Any, px: Pixels) -> None:
+    if P.stock_torch.rand(1) < t.p:
         px.vflip()
 
 
-def _run_color_jitter(t: Any, px: Pixels) -> Pixels:
+def run_color_jitter(t: Any, px: Pixels) -> Pixels:
     fn_idx, b, c, s, h = t.get_params(t.brightness, t.contrast, t.saturation, t.hue)
     for fn_id in fn_idx:
         factor = (b, c, s, h)[int(fn_id)] if 0 <= int(fn_id) < 4 else None
         if factor is not None:
-            px = px.colour(_JITTER[int(fn_id)], factor)
+            px = px.colour(JITTER[int(fn_id)], factor)
     return px
 
 
@@ -138,12 +138,12 @@ def _grey(px: Pixels, channels: Any) -> None:
     px.grey(channels)
 
 
-def _run_grayscale(t: Any, px: Pixels) -> None:
+def run_grayscale(t: Any, px: Pixels) -> None:
     _grey(px, t.num_output_channels)
 
 
-def _run_random_grayscale(t: Any, px: Pixels) -> None:
+def run_random_grayscale(t: Any, px: Pixels) -> None:
     channels = 1 if px.mode == "L" else 3
-    if P._torch.rand(1) < t.p:
+    if P.stock_torch.rand(1) < t.p:
         _grey(px, channels)
 

@@ -124,7 +124,7 @@ def _is_main_process() -> bool:
             return False
     except ImportError:  # pragma: no cover
         pass
-    return session._is_rank_zero()
+    return session.is_rank_zero()
 
 
 def dataset_files(dataset: Any) -> list[str]:
