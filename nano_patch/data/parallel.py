@@ -213,6 +213,20 @@ def measured(n_threads: int, samples: int) -> Iterator[None]:
         _auto_threads().record(n_threads, samples, time.perf_counter() - start)
 
 
+def load_batch(load: Callable[[Any, list[Any], int], list[Any] | None], dataset: Any,
+               indices: list[Any]) -> list[Any] | None:
+    """A batch loader's call, on the thread count in use now and timed for ``auto``'s choice: ``load(dataset,
+    indices, n_threads)``, the batch or None (stock's loop loads it). While ``auto`` measures, a None is loaded
+    here, inside the timing, exactly as the fetcher would (``dataset[i]`` for each index, in order), so that the
+    batches stock's loop loads are timed too."""
+    n_threads = threads()
+    with measured(n_threads, len(indices)):
+        out = load(dataset, indices, n_threads)
+        if out is None and measuring():
+            out = [dataset[i] for i in indices]
+        return out
+
+
 def map_outcomes(fn: Callable[[T], R], items: Iterable[T], n_threads: int,
                  state: Any = None) -> list[tuple[bool, Any]]:
     """``[(True, fn(x)) or (False, the exception fn(x) raised) for x in items]``, on ``n_threads`` threads, the

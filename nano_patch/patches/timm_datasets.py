@@ -32,7 +32,8 @@ class TimmDatasetsPatch(Patch):
     name: ClassVar[str] = PATCH_NAME
     group: ClassVar[str] = "vision"
     target: ClassVar[str] = "timm.data"
-    requires: ClassVar[dict[str, str]] = {"timm": ">=1.0.29,<2", "torchvision": ">=0.26,<0.30", "simplejpeg": ">=1.6,<2"}
+    requires: ClassVar[dict[str, str]] = {"timm": ">=1.0.29,<2", "torchvision": ">=0.26,<0.30",
+                                          "simplejpeg": ">=1.6,<2"}
 
     def check_internals(self, module: ModuleType) -> str | None:
         import importlib
@@ -92,14 +93,7 @@ def _getitems(dataset_cls: type, reader_cls: type, reader_methods: dict[str, Any
     stock_getitem = reader_methods["__getitem__"]
 
     def getitems(self: Any, indices: list[int]) -> list[Any] | None:
-        n_threads = parallel.threads()
-        with parallel.measured(n_threads, len(indices)):  # for --loader-threads auto's choice
-            out = load(self, indices, n_threads)
-            if out is None and parallel.measuring():
-                # auto compares this batch's time with other counts': stock's loop runs here, inside the timing,
-                # exactly as the fetcher would run it (``dataset[i]`` for each index, in order)
-                out = [self[i] for i in indices]
-            return out
+        return parallel.load_batch(load, self, indices)
 
     def load(self: Any, indices: list[int], n_threads: int) -> list[Any]:
         if n_threads > 1 and inherits_getitem(type(self), dataset_cls) and \

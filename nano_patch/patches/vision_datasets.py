@@ -100,14 +100,7 @@ def _batch_adapter(cls: type, why_not: Callable[[Any], str | None],
     transforms_of = transforms_of or transforms
 
     def getitems(self: Any, indices: list[int]) -> list[Any] | None:
-        n_threads = parallel.threads()
-        with parallel.measured(n_threads, len(indices)):  # for --loader-threads auto's choice
-            out = load(self, indices, n_threads)
-            if out is None and parallel.measuring():
-                # auto compares this batch's time with other counts': stock's loop runs here, inside the timing,
-                # exactly as the fetcher would run it (``dataset[i]`` for each index, in order)
-                out = [self[i] for i in indices]
-            return out
+        return parallel.load_batch(load, self, indices)
 
     def load(self: Any, indices: list[int], n_threads: int) -> list[Any]:
         why = None
