@@ -38,8 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results"
 
-CHILD = r"""
-import json, sys, time
+#: The child's set-up, shared with scaling.py: the options, the pipeline, the loader (``cfg`` read from argv).
+LOADER_SETUP = r"""
 cfg = json.loads(sys.argv[1])
 if cfg["side"] == "patched":
     import nano_patch
@@ -60,6 +60,9 @@ tf = {
 kw = dict(num_workers=cfg["workers"], persistent_workers=True) if cfg["workers"] else {}
 loader = DataLoader(ImageFolder(cfg["root"], transform=T.Compose(tf)), batch_size=cfg["batch"], shuffle=True, **kw)
 torch.manual_seed(0)
+"""
+
+CHILD = "import json, os, sys, time\n" + LOADER_SETUP + r"""
 t = time.perf_counter()
 it = iter(loader)
 next(it)

@@ -82,6 +82,8 @@ def main() -> None:
                 for name, code in codes.items():
                     runs[name][n].append(run_once(code, n, driver, ["--fast"] if args.fast else []))
                     print(name, n, runs[name][n][-1], flush=True)
+    from train import _cpu_name  # this folder is the script's: first on sys.path
+
     result = {"machine": f"{_cpu_name()}, {os.cpu_count()} CPUs", "python": platform.python_version(),
               "rounds": args.rounds, "fast": args.fast, "codes": {k: str(v) for k, v in codes.items()},
               "runs": {name: {str(n): rs for n, rs in by_n.items()} for name, by_n in runs.items()}}
@@ -95,13 +97,6 @@ def main() -> None:
             first = statistics.median(r["to_every_first_step_s"] for r in rs)
             wall = statistics.median(r["wall_s"] for r in rs)
             print(f"| {name} | {n} | {first:.2f} | {first - one:+.2f} | {wall:.1f} |")
-
-
-def _cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.machine()
 
 
 if __name__ == "__main__":

@@ -54,33 +54,14 @@ import time
 import warnings
 from pathlib import Path
 
+from loader_threads import LOADER_SETUP  # this folder is the script's: first on sys.path
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results"
 PY_SPY_WHEEL = "py_spy-0.4.1-py2.py3-none-manylinux_2_5_x86_64.manylinux1_x86_64.whl"
 BOUNDS_AT = (4, 8, 16)
 
-CHILD = r"""
-import json, os, re, subprocess, sys, time
-cfg = json.loads(sys.argv[1])
-if cfg["side"] == "patched":
-    import nano_patch
-    nano_patch.patch_torch(loader_threads=cfg["threads"], cache_decoded="on" if cfg["cache"] == "warm" else "off",
-                           cache_dir=cfg["cache_dir"])
-import psutil, torch
-if cfg.get("torch_threads"):
-    torch.set_num_threads(cfg["torch_threads"])
-import torchvision.transforms as T
-from torchvision.datasets import ImageFolder
-from torch.utils.data import DataLoader
-norm = T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
-tf = {
-    "pets": [T.RandomResizedCrop(128), T.RandomHorizontalFlip(), T.ColorJitter(0.3, 0.3, 0.3), T.ToTensor(), norm],
-    "b": [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), norm],
-    "c": [T.Resize(256), T.CenterCrop(224), T.ToTensor(), norm],
-}[cfg["pipeline"]]
-kw = dict(num_workers=cfg["workers"], persistent_workers=True) if cfg["workers"] else {}
-loader = DataLoader(ImageFolder(cfg["root"], transform=T.Compose(tf)), batch_size=cfg["batch"], shuffle=True, **kw)
-torch.manual_seed(0)
+CHILD = "import json, os, re, subprocess, sys, time\n" + LOADER_SETUP + r"""
 for _ in loader:  # the first epoch: workers started, page cache and decoded-image cache filled
     pass
 me = psutil.Process()
