@@ -4,9 +4,11 @@ before its pixels are rendered on the loader's threads.
 Two parts, timed apart, per image, over an ImageFolder of real-photo JPEGs (``examples/make_photo_folder.py``),
 with the decoded-image cache off and warm (filled by a first pass):
 
-- ``source``: the sample's size and the cache's lookup (``vision/batch.py``'s ``_source``): the JPEG header and
+- ``source``: the sample's size and the cache's lookup (``vision/batch_loader.py``'s ``_source``): the JPEG header and
   PIL's open checks with the cache off; the key and the entry with it warm;
-- ``draw``: ``_source`` and the plan's draws on a Recording (``_draw``), pipelines pets, (b) and (c).
+- ``draw``: ``_source`` and the plan's draws on a Recording (``_draw``), pipelines pets, (b) and (c): with torch's
+  own draws (``draw_torch``), and with torch's draws made natively from a copy of its generator, as the batch
+  path makes them (``draw_native``, ``vision/torch_draws.py``).
 
 Each (pipeline, cache) in a fresh process, 9 passes over the files after the first, the garbage collector off (as
 ``timeit``), the fastest pass (other load on the machine only adds time); rounds interleaved, medians. Run it
@@ -39,7 +41,7 @@ nano_patch.patch_torch(loader_threads=2, cache_decoded="on" if cfg["cache"] == "
 import torch
 import torchvision.transforms as T
 from torchvision.datasets import ImageFolder
-from nano_patch.vision import batch, cache, native, plan
+from nano_patch.vision import batch_loader, cache, compose_plan, native
 norm = T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
 tf = T.Compose({
     "pets": [T.RandomResizedCrop(128), T.RandomHorizontalFlip(), T.ColorJitter(0.3, 0.3, 0.3), T.ToTensor(), norm],
@@ -51,25 +53,29 @@ paths = [p for p, _ in ds.samples]
 for _ in torch.utils.data.DataLoader(ds, batch_size=16):  # fills the cache where it is on
     pass
 store = cache.store_for(ds)
-crop_window = plan.plan_for(tf).crop_first and native.available("crop_decode")
+crop_window = compose_plan.plan_for(tf).crop_first and native.available("crop_decode")
 extra = ()
-if "index" in inspect.signature(batch._source).parameters:  # the in-memory index of the dataset's files
+if "index" in inspect.signature(batch_loader._source).parameters:  # the in-memory index of the dataset's files
     from nano_patch.vision import file_index
     extra = (file_index.for_dataset(ds) if store is not None else None,)
 out = {}
 gc.disable()  # as timeit: a collection of the whole heap (torch's objects) would land on one pass or another
-for part in ("source", "draw"):
+for part in ("source", "draw_torch", "draw_native"):
     passes = []
     for _ in range(10):
         t = time.perf_counter()
         if part == "source":
             for p in paths:
-                batch._source(p, store, crop_window, *extra)
-        else:
+                batch_loader._source(p, store, crop_window, *extra)
+        else:  # a batch run's draw step: its source, then its draws (torch's own, or made natively)
+            draws = batch_loader._native_draws() if part == "draw_native" else None
             for p in paths:
-                batch._draw(p, tf, store, crop_window, *extra)
+                batch_loader._draw(batch_loader._source(p, store, crop_window, *extra), tf, draws)
+            if draws is not None:
+                draws.to_torch()
         passes.append((time.perf_counter() - t) / len(paths))
     out[part + "_us"] = min(passes[1:]) * 1e6  # the least disturbed pass: other load only adds time
+out["native_draws"] = native.state()["torch_draws"]
 out["nano_patch"] = nano_patch.__file__
 print(json.dumps(out))
 """
@@ -107,18 +113,22 @@ def main() -> None:
                     cfg = {"root": root, "pipeline": pipeline, "cache": cache, "cache_dir": str(tmp / "cache")}
                     runs.setdefault(f"{pipeline} | cache {cache}", []).append(run(cfg))
     used = {r.pop("nano_patch") for rs in runs.values() for r in rs}
-    rows = {k: {part: statistics.median(r[part] for r in rs) for part in rs[0]} for k, rs in runs.items()}
+    rows = {k: {part: statistics.median(r[part] for r in rs) for part in rs[0] if part.endswith("_us")}
+            for k, rs in runs.items()}
+    native_state = sorted({r.pop("native_draws", "?") for rs in runs.values() for r in rs})
     result = {"machine": f"{_cpu_name()}, {len(os.sched_getaffinity(0))} usable CPUs",
-              "nano_patch": sorted(used), "rounds": args.rounds, "rows": rows,
+              "nano_patch": sorted(used), "native_draws": native_state, "rounds": args.rounds, "rows": rows,
               "runs": runs}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.stem}.json").write_text(json.dumps(result, indent=2))
-    print(f"{result['machine']}; {result['nano_patch']}; medians of {args.rounds} rounds, us per image")
-    print("| pipeline | cache | source (size + cache lookup) | draw (source + the plan's draws) |")
-    print("|---|---|---|---|")
+    print(f"{result['machine']}; {result['nano_patch']}; native draws: {native_state}; medians of {args.rounds} "
+          "rounds, us per image")
+    print("| pipeline | cache | source (size + cache lookup) | draw, torch's draws | draw, native draws |")
+    print("|---|---|---|---|---|")
     for key, r in rows.items():
         pipeline, cache = key.split(" | ")
-        print(f"| {pipeline} | {cache.split()[-1]} | {r['source_us']:.1f} | {r['draw_us']:.1f} |")
+        print(f"| {pipeline} | {cache.split()[-1]} | {r['source_us']:.1f} | {r['draw_torch_us']:.1f} | "
+              f"{r.get('draw_native_us', float('nan')):.1f} |")
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ nano_patch.patch_torch(loader_threads=2)
 import torch
 torch.set_num_threads(1)
 from torch.utils.data import default_collate
-from nano_patch.vision import decode, native, pipeline, plan
+from nano_patch.vision import compose_call, compose_plan, decode, native
 from nano_patch.vision.image import FastImage, plain
 from vision import torchvision_pipeline
 
@@ -70,10 +70,10 @@ files = sorted(Path(cfg["folder"]).rglob("*.jpg"))[: cfg["images"]]
 arrays = [decode.decode_rgb(p) for p in files]
 tf = torchvision_pipeline(cfg["pipeline"])
 torch.manual_seed(0)
-recs = [pipeline.run_compose(tf, plan.Recording(a.shape[:2])) for a in arrays]
+recs = [compose_call.run_compose(tf, compose_plan.Recording(a.shape[:2])) for a in arrays]
 B = 64
 def render_python(r, a):
-    return [plain(plan.render(x, plan.Pixels.of(FastImage.wrap(y)))) for x, y in zip(r, a)]
+    return [plain(compose_plan.render(x, compose_plan.Pixels.of(FastImage.wrap(y)))) for x, y in zip(r, a)]
 sides = {"python": render_python}
 try:
     from nano_patch.vision import oprunner

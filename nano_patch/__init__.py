@@ -83,13 +83,13 @@ def patch_torch(
     opts = config.resolve(explicit)
     # Children (Lightning's script re-run, spawn workers) read this in the .pth startup hook.
     os.environ[STARTUP_ENV] = json.dumps({k: _jsonable(v) for k, v in explicit.items()})
-    from . import report, session
+    from . import exit_notices, report
 
     report.activate_from_env()
-    session.note_options(opts)
+    exit_notices.note_options(opts)
     _get_manager().patch(opts)
     if opts.vision:
-        session.warn_if_kernels_missing(stacklevel=2)
+        exit_notices.warn_if_kernels_missing(stacklevel=2)
 
 
 def _jsonable(value: Any) -> Any:
@@ -103,9 +103,9 @@ def unpatch_torch() -> None:
     os.environ.pop(STARTUP_ENV, None)
     if _manager is not None:
         _manager.unpatch()
-        from . import session
+        from . import exit_notices
 
-        session.forget_options()
+        exit_notices.forget_options()
 
 
 def is_patched() -> bool:

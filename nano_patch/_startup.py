@@ -9,11 +9,11 @@ import sys
 
 
 def _run() -> None:
-    from nano_patch import patch_torch, session
+    from nano_patch import exit_notices, patch_torch
     from nano_patch.config import STARTUP_ENV, from_json
     from nano_patch.train import ranks
 
-    session.started_by_run = True
+    exit_notices.started_by_run = True
 
     try:
         patch_torch(**from_json(os.environ.get(STARTUP_ENV) or "{}"))

@@ -116,7 +116,7 @@ def run_options(args: argparse.Namespace) -> dict[str, object]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from . import patch_torch, session
+    from . import exit_notices, patch_torch
     from .train import ranks, shutdown
 
     rest = list(args.args)
@@ -160,7 +160,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"nano-patch run: {exc}", file=sys.stderr)
         return 2
     ranks.patched_by = "nano-patch run"
-    session.start_run(explicit, args.report)
+    exit_notices.start_run(explicit, args.report)
     code = 0
     try:
         if args.module is not None:
@@ -187,7 +187,7 @@ def _run(args: argparse.Namespace) -> int:
             code = 1
     else:
         shutdown.mark_failed()
-    session.finish(print_notices=code == 0)
+    exit_notices.finish(print_notices=code == 0)
     return code
 
 

@@ -223,7 +223,7 @@ def _batches(loader, seed=0):
 def test_uint8_batches_equal_stock_with_a_quarter_of_the_bytes(image_folder, ctx, normalize):
     from torchvision.datasets import ImageFolder
 
-    from nano_patch.data.batches import Uint8Batches
+    from nano_patch.data.uint8_batches import Uint8Batches
 
     ds = ImageFolder(str(image_folder), transform=_exact_pipeline(normalize))
     kw = dict(batch_size=4, num_workers=2, multiprocessing_context=ctx)
@@ -263,7 +263,7 @@ def test_a_pinned_uint8_batch_becomes_a_pinned_float_batch(monkeypatch):
 
     Pinning needs CUDA, which this machine lacks: the pinned state and the allocation are observed instead.
     """
-    from nano_patch.data.batches import TailSpec, to_float
+    from nano_patch.data.uint8_batches import TailSpec, to_float
 
     images = torch.arange(2 * 3 * 4 * 4, dtype=torch.uint8).view(2, 3, 4, 4)
     asked = []

@@ -77,7 +77,7 @@ CHILD = textwrap.dedent(r'''
         "pad": lambda root: ImageFolder(root, transform=T.Compose([T.CenterCrop(700), T.Resize(24),
                                                                    T.ToTensor()]))[0],
         "timm": timm_ds,
-        # A num_workers=0 DataLoader's first batch: with loader threads, the batch-parallel path (batch.py).
+        # A num_workers=0 DataLoader's first batch: with loader threads, the batch-parallel path (batch_loader.py).
         "batch_crop": lambda root: next(iter(DataLoader(ImageFolder(root, transform=crop()), batch_size=2))),
         "batch_full": lambda root: next(iter(DataLoader(ImageFolder(root, transform=T.Compose([
             T.Resize(24), T.CenterCrop(24), T.ToTensor()])), batch_size=2))),
@@ -259,7 +259,7 @@ def test_bomb_errors_and_warnings_as_stock(files):
 
 
 def test_batch_parallel_loading_as_stock(files, tmp_path):
-    """A num_workers=0 DataLoader with loader threads (``vision/batch.py``: draws in the calling thread,
+    """A num_workers=0 DataLoader with loader threads (``vision/batch_loader.py``: draws in the calling thread,
     decodes on a pool): stock's errors, warnings in stock's order, outputs and draws, cache on."""
     photo = next(Path(files["photo"]).rglob("*.jpg")).read_bytes()
     cases = [("big13400", "default", "always"), ("header30000", "default", "always"),

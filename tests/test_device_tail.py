@@ -87,7 +87,7 @@ def test_every_tail_after_a_simulated_transfer_is_stock(image_folder, monkeypatc
 def test_not_deferred_the_workers_still_carry_uint8_and_the_batch_is_stock(image_folder, kind, erase):
     """Item 4: outside a Trainer the workers send uint8 (RandomErasing's draws with them), the main process
     finishes the batch: stock's float batch, a quarter of the bytes through shared memory."""
-    from nano_patch.data.batches import Uint8Batches
+    from nano_patch.data.uint8_batches import Uint8Batches
 
     ds = _dataset(image_folder, _pipeline(kind, erase, p=1.0))
     stock = _load(ds, 2)

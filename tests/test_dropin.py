@@ -25,8 +25,8 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 import nano_patch
-from nano_patch.data import parallel
-from nano_patch.vision import batch
+from nano_patch.data import loader_pool
+from nano_patch.vision import batch_loader, compose_plan
 
 
 @pytest.fixture(scope="module")
@@ -134,15 +134,15 @@ def test_a_render_that_fails_loads_that_sample_as_stock_in_its_place(image_folde
     stock = run()
     nano_patch.patch_torch(loader_threads=2)
     victim = sorted(str(p) for p in image_folder.rglob("*.jpg"))[position]
-    real, failed = batch._render, []
+    real, failed = batch_loader._render, []
 
     def render(job):
         if str(job.path) == victim:
             failed.append(job.path)
-            raise batch.plan.RenderFailed("simulated")
+            raise compose_plan.RenderFailed("simulated")
         return real(job)
 
-    monkeypatch.setattr(batch, "_render", render)
+    monkeypatch.setattr(batch_loader, "_render", render)
     patched = run()
     assert failed == [victim]
     assert len(patched[0]) == len(stock[0])
@@ -223,14 +223,14 @@ def _state_now():
 def render_states(monkeypatch):
     """(thread, torch state) of every render; each render waits a little, so that the pool's threads take some."""
     seen = []
-    real = batch._render
+    real = batch_loader._render
 
     def observed(job):
         seen.append((threading.get_ident(), _state_now()))
         time.sleep(0.02)
         return real(job)
 
-    monkeypatch.setattr(batch, "_render", observed)
+    monkeypatch.setattr(batch_loader, "_render", observed)
     return seen
 
 
@@ -319,7 +319,7 @@ def test_the_pool_threads_get_their_own_state_back(image_folder):
     ds = ImageFolder(str(image_folder), transform=T.Compose([T.RandomResizedCrop(48), T.ToTensor()]))
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.float16):
         list(DataLoader(ds, batch_size=6))
-    pool = parallel._executor(2)
+    pool = loader_pool._executor(2)
     states = {pool.submit(_state_now).result() for _ in range(6)}
     assert states == {(True, False, False, None, True, True)}
     assert {pool.submit(torch.get_autocast_dtype, "cpu").result() for _ in range(6)} == {torch.bfloat16}

@@ -25,8 +25,8 @@ from torch.utils.data import default_collate
 
 import nano_patch
 from nano_patch import report
+from nano_patch.vision import compose_call, compose_plan, oprunner, policies
 from nano_patch.vision import functional as K
-from nano_patch.vision import oprunner, pipeline, plan, policies
 from nano_patch.vision.image import FastImage
 from nano_patch.vision.pixels import JITTER
 
@@ -51,8 +51,8 @@ def _same(want, got) -> bool:
 
 def _tail(*steps):
     for t in steps:
-        plan._record_other(type(t))  # timm's classes, as a plan meeting them records them
-    tail = plan._find_tail(list(steps), 0)
+        compose_plan._record_other(type(t))  # timm's classes, as a plan meeting them records them
+    tail = compose_plan._find_tail(list(steps), 0)
     assert tail is not None and len(tail) == len(steps)
     return tail
 
@@ -134,7 +134,7 @@ def test_every_op_and_combination_equals_stock(patched, photos, name):
     for im in (rgb, rgb.convert("L")):
         for steps in [(T.PILToTensor(),), (T.ToTensor(), T.Normalize([0.4], [0.3]))]:
             want = im
-            rec = plan.Recording((im.height, im.width), im.mode)
+            rec = compose_plan.Recording((im.height, im.width), im.mode)
             for record, stock in OPS[name]:
                 record(rec)
                 want = stock(want)
@@ -176,7 +176,7 @@ def test_every_tail_equals_stock(patched, photos, dtype):
                         want = t(want)
                 except RuntimeError:  # stock's Normalize refuses three means on one channel: no table
                     want = None
-                rec = plan.Recording((im.height, im.width), im.mode)
+                rec = compose_plan.Recording((im.height, im.width), im.mode)
                 tail = _tail(*steps)
                 rec.end_in_tensor(tail, False)
                 job = oprunner.prepare(rec)
@@ -233,8 +233,8 @@ def _draws_and_renders(make, images, seed, repeat):
             a = np.asarray(im)
             before = rng_state()
             try:
-                rec = pipeline.run_compose(tf, plan.Recording(a.shape[:2], im.mode))
-            except plan.NotSplittable as exc:  # an op its library runs itself: the sample one by one, as the batch
+                rec = compose_call.run_compose(tf, compose_plan.Recording(a.shape[:2], im.mode))
+            except compose_plan.NotSplittable as exc:  # an op its library runs itself: one by one, as the batch
                 torch.set_rng_state(before[0])
                 random.setstate(before[1])
                 np.random.set_state(before[2])
@@ -244,7 +244,7 @@ def _draws_and_renders(make, images, seed, repeat):
             job = oprunner.prepare(rec)
             if isinstance(job, str):
                 whys.append(job)
-                out.append(plan.render(rec, plan.Pixels.of(FastImage.wrap(a))))
+                out.append(compose_plan.render(rec, compose_plan.Pixels.of(FastImage.wrap(a))))
             else:
                 out.append(oprunner.run(job, a))
     return out, rng_state(), whys
@@ -298,13 +298,13 @@ def test_every_policy_op_renders_natively_as_stock(patched, photos, v2):
             else:
                 want = autoaugment._apply_op(im, name, magnitude, interpolation=T.InterpolationMode.NEAREST, fill=None)
             want = F.pil_to_tensor(want)
-            rec = plan.Recording((im.height, im.width), im.mode)
+            rec = compose_plan.Recording((im.height, im.width), im.mode)
             policies._policy_kernel(rec, name, magnitude, T.InterpolationMode.NEAREST, None, v2=v2)
             rec.end_in_tensor(_tail(T.PILToTensor()), False)
             job = oprunner.prepare(rec)
             if name in ("AutoContrast", "Equalize"):
                 assert isinstance(job, str) and "histogram" not in job and "depends on the image" in job
-                got = plan.render(rec, plan.Pixels.of(FastImage.wrap(np.asarray(im))))
+                got = compose_plan.render(rec, compose_plan.Pixels.of(FastImage.wrap(np.asarray(im))))
             else:
                 assert not isinstance(job, str), (name, job)
                 got = oprunner.run(job, np.asarray(im))
@@ -322,7 +322,7 @@ def test_timms_policy_ops_render_natively_as_stock(patched, photos):
     for im in _images(photos)[:2]:
         for fn, args in cases:
             want = F.pil_to_tensor(fn(im, *args))
-            rec = plan.Recording((im.height, im.width), im.mode)
+            rec = compose_plan.Recording((im.height, im.width), im.mode)
             kernels[fn](rec, *args)
             rec.end_in_tensor(_tail(T.PILToTensor()), False)
             assert _same(want, _render_native(rec, np.asarray(im))), (fn.__name__, args)
@@ -346,7 +346,7 @@ def test_the_batch_tensor_is_default_collates_stack_of_stocks_samples(patched, p
         for t in make:
             want = t(want)
         samples.append(want)
-        rec = plan.Recording((im.height, im.width), im.mode)
+        rec = compose_plan.Recording((im.height, im.width), im.mode)
         rec.hflip()
         rec.end_in_tensor(_tail(*make), False)
         jobs.append(oprunner.prepare(rec))
@@ -367,10 +367,10 @@ def test_the_batch_tensor_is_default_collates_stack_of_stocks_samples(patched, p
 
 
 def test_samples_left_to_python_are_counted_with_why(patched, photos, tmp_path):
-    rec_native = plan.Recording((61, 97))
+    rec_native = compose_plan.Recording((61, 97))
     rec_native.hflip()
     rec_native.end_in_tensor(_tail(T.ToTensor()), False)
-    rec_python = plan.Recording((61, 97))
+    rec_python = compose_plan.Recording((61, 97))
     rec_python.point(K.equalize)
     rec_python.end_in_tensor(_tail(T.ToTensor()), False)
     report.stats = report.Stats(str(tmp_path))
@@ -406,7 +406,7 @@ def test_a_jpeg_not_decoded_yet_renders_its_first_crop_as_stock(patched, photos,
     seed_all(5)
     want = tf(Image.open(path).convert("RGB"))
     seed_all(5)
-    rec = pipeline.run_compose(tf, plan.Recording(size))
+    rec = compose_call.run_compose(tf, compose_plan.Recording(size))
     job = oprunner.prepare(rec)
     assert not isinstance(job, str), job
     assert _same(want, oprunner.run_jpeg(job, data, size, path))

@@ -1,4 +1,4 @@
-"""Batch-parallel loading (``vision/batch.py``): a num_workers=0 DataLoader's batches and every generator's state
+"""Batch-parallel loading (``vision/batch_loader.py``): a num_workers=0 DataLoader's batches and every generator's state
 equal stock's, bit for bit, while the samples of each batch render on the loader's threads.
 
 Each case runs stock first (unpatched), then patched, from the same seeds, over three epochs of a shuffled
@@ -16,8 +16,8 @@ from _rng import rng_differences, rng_state, seed_all
 from torch.utils.data import DataLoader, Subset
 
 import nano_patch
-from nano_patch.data import parallel
-from nano_patch.vision import plan
+from nano_patch.data import loader_pool
+from nano_patch.vision import compose_plan
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
@@ -107,7 +107,7 @@ def _equal(stock, patched):
 def parallel_batches(monkeypatch):
     """Counts the batches that really rendered on more than one thread."""
     seen = []
-    real = parallel.map_outcomes
+    real = loader_pool.map_outcomes
 
     def counted(fn, items, n_threads, state=None):
         items = list(items)
@@ -115,7 +115,7 @@ def parallel_batches(monkeypatch):
             seen.append(len(items))
         return real(fn, items, n_threads, state)
 
-    monkeypatch.setattr(parallel, "map_outcomes", counted)
+    monkeypatch.setattr(loader_pool, "map_outcomes", counted)
     return seen
 
 
@@ -153,7 +153,7 @@ def test_why_a_compose_is_not_split_is_recorded(mixed_folder):
     nano_patch.patch_torch(loader_threads=2)
     tf = ONE_BY_ONE["a Lambda"]()
     list(DataLoader(ImageFolder(str(mixed_folder), transform=tf), batch_size=4))
-    assert "`Lambda` at position 1" in plan.plan_for(tf).unsplittable
+    assert "`Lambda` at position 1" in compose_plan.plan_for(tf).unsplittable
 
 
 def test_loader_threads_off_and_worker_processes_load_one_by_one(mixed_folder, parallel_batches):
@@ -217,13 +217,13 @@ def test_a_bad_loader_threads_value_names_the_option_and_the_accepted_values(val
 
 
 def test_the_pool_is_sized_to_the_usable_cores(monkeypatch, tmp_path):
-    monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6, 7})
-    monkeypatch.setattr(parallel, "_cgroup_quota", lambda: None)
-    assert parallel.usable_cores() == 8
-    monkeypatch.setattr(parallel, "_cgroup_quota", lambda: 2.5)  # a container given 2.5 CPUs
-    assert parallel.usable_cores() == 3
+    monkeypatch.setattr(loader_pool.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6, 7})
+    monkeypatch.setattr(loader_pool, "_cgroup_quota", lambda: None)
+    assert loader_pool.usable_cores() == 8
+    monkeypatch.setattr(loader_pool, "_cgroup_quota", lambda: 2.5)  # a container given 2.5 CPUs
+    assert loader_pool.usable_cores() == 3
     nano_patch.patch_torch()
-    assert parallel._auto_threads().ladder == [1, 2, 3]  # auto tries counts up to the usable cores
+    assert loader_pool._auto_threads().ladder == [1, 2, 3]  # auto tries counts up to the usable cores
 
 
 def _timm_epochs(folder, make, epochs=2):

@@ -13,7 +13,7 @@ from _rng import rng_differences, rng_state, seed_all
 from PIL import Image
 
 import nano_patch
-from nano_patch.vision import plan
+from nano_patch.vision import compose_plan
 from nano_patch.vision.image import FastImage
 
 IM = T.InterpolationMode
@@ -69,7 +69,7 @@ def _compare(cases: list[tuple], stock, planned) -> None:
     try:
         for case, w in zip(cases, want):
             img = case[0]
-            got = planned(plan.Pixels.of(FastImage.wrap(np.asarray(img))), *case[1:]).array()
+            got = planned(compose_plan.Pixels.of(FastImage.wrap(np.asarray(img))), *case[1:]).array()
             assert np.array_equal(got, w), case[1:]
     finally:
         nano_patch.unpatch_torch()
@@ -86,7 +86,7 @@ def test_every_v1_op_at_every_magnitude_bin(small, policy):
             values = [float(m) for m in magnitudes.tolist()] if magnitudes.ndim > 0 else [0.0]
             for magnitude in _magnitudes(values, signed):
                 cases += [(img, name, magnitude, i, f) for i, f in _variants(img, name, tuple(INTERPOLATIONS))]
-    _compare(cases, autoaugment._apply_op, plan.policy_op)
+    _compare(cases, autoaugment._apply_op, compose_plan.policy_op)
 
 
 @pytest.mark.parametrize("policy", [v2.AutoAugment, v2.RandAugment, v2.TrivialAugmentWide])
@@ -101,7 +101,7 @@ def test_every_v2_op_at_every_magnitude_bin(small, policy):
                 for interpolation, fill in _variants(img, name, V2_INTERPOLATIONS):
                     cases.append((img, policy(interpolation=interpolation, fill=fill), name, magnitude))
     _compare(cases, lambda img, t, name, magnitude: t._apply_image_or_video_transform(
-        img, name, magnitude, t.interpolation, t._fill), lambda px, t, name, magnitude: plan.v2_op(t, px, name,
+        img, name, magnitude, t.interpolation, t._fill), lambda px, t, name, magnitude: compose_plan.v2_op(t, px, name,
                                                                                                    magnitude))
 
 
@@ -139,7 +139,7 @@ def test_whole_policies_draw_and_transform_as_stock(photos, name, interpolation)
     stock_out, stock_rng = run()
     nano_patch.patch_torch()
     got_out, got_rng = run()
-    described = plan.plan_for(compose).describe() if name.startswith("v1") else None
+    described = compose_plan.plan_for(compose).describe() if name.startswith("v1") else None
     nano_patch.unpatch_torch()
     for a, b in zip(got_out, stock_out):
         assert a.shape == b.shape and np.array_equal(a, b), name

@@ -226,18 +226,18 @@ def test_an_unpatched_process_says_why(monkeypatch):
 def test_a_rank_started_by_lightnings_launcher_is_not_rank_zero(monkeypatch):
     """Lightning's script launcher sets LOCAL_RANK (and NODE_RANK), not RANK, in the ranks it starts: their one-line
     notices (the --fast cache verdict, the end-of-run lines) are rank 0's alone."""
-    from nano_patch import session
+    from nano_patch import exit_notices
 
     for var in ("RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK"):
         monkeypatch.delenv(var, raising=False)
-    assert session.is_rank_zero()
+    assert exit_notices.is_rank_zero()
     monkeypatch.setenv("LOCAL_RANK", "0")
-    assert session.is_rank_zero()
+    assert exit_notices.is_rank_zero()
     monkeypatch.setenv("LOCAL_RANK", "1")
-    assert not session.is_rank_zero()
+    assert not exit_notices.is_rank_zero()
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("NODE_RANK", "1")
-    assert not session.is_rank_zero()
+    assert not exit_notices.is_rank_zero()
 
 
 def test_the_start_timeout_variable_is_no_option_and_is_read(monkeypatch):

@@ -79,11 +79,11 @@ def test_image_dataset_equals_stock_and_decodes_through_the_patch(image_folder, 
 def test_maybe_pil_to_tensor_is_a_tail_of_the_plan():
     from timm.data import create_transform
 
-    from nano_patch.vision import plan
+    from nano_patch.vision import compose_plan
 
     nano_patch.patch_torch()
     tf = create_transform(input_size=160, is_training=True, use_prefetcher=True)
-    described = plan.plan_for(tf).describe()
+    described = compose_plan.plan_for(tf).describe()
     assert described[-1] == "MaybePILToTensor: tail", described
     assert all(not d.endswith("stock") for d in described), described
 

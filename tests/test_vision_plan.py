@@ -17,7 +17,7 @@ from _rng import rng_differences, rng_state, seed_all
 from PIL import Image
 
 import nano_patch
-from nano_patch.vision import plan
+from nano_patch.vision import compose_plan
 from nano_patch.vision.image import FastImage
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
@@ -105,10 +105,10 @@ def test_plans_match_stock(name, seed, photos):
 
 def test_what_the_plan_runs():
     nano_patch.patch_torch()
-    described = plan.plan_for(PIPELINES["stock_between"]()).describe()
+    described = compose_plan.plan_for(PIPELINES["stock_between"]()).describe()
     assert described == ["RandomResizedCrop: native", "RandomHorizontalFlip: native", "Lambda: stock",
                          "ColorJitter: native", "RandAugment: native", "RandomHorizontalFlip: native", "ToTensor: tail"]
-    assert plan.plan_for(PIPELINES["reference_preset"]()).describe()[-3:] == [
+    assert compose_plan.plan_for(PIPELINES["reference_preset"]()).describe()[-3:] == [
         "PILToTensor: tail", "ConvertImageDtype: tail", "Normalize: tail"]
 
 
@@ -184,7 +184,7 @@ def test_changed_classes_run_stock_code(photos, monkeypatch):
             return 0, 0, 10, 10
 
     nano_patch.patch_torch()
-    described = plan.plan_for(T.Compose([MyCrop(20), T.RandomHorizontalFlip()])).describe()
+    described = compose_plan.plan_for(T.Compose([MyCrop(20), T.RandomHorizontalFlip()])).describe()
     assert described == ["MyCrop: stock", "RandomHorizontalFlip: native"]
     monkeypatch.setattr(T.RandomResizedCrop, "get_params", staticmethod(lambda img, scale, ratio: (1, 2, 30, 40)))
     out = T.Compose([T.RandomResizedCrop(20)])(photos[0])
@@ -207,14 +207,14 @@ def test_image_types_in_and_out(photos):
 
 
 def test_uint8_output_for_dataloader_workers(photos):
-    from nano_patch.vision import pipeline
+    from nano_patch.vision import compose_call
 
     nano_patch.patch_torch()
     tf = T.Compose([T.RandomResizedCrop(40), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
     rgb = [im for im in _images(photos) if im.mode == "RGB"]
     torch.manual_seed(1)
     want = [tf(im) for im in rgb]
-    pipeline.emit_uint8(tf)
+    compose_call.emit_uint8(tf)
     torch.manual_seed(1)
     got = [tf(im) for im in rgb]
     for w, g in zip(want, got):
@@ -240,7 +240,7 @@ def test_timm_pipelines_match_stock(photos):
     for make in (train, train_random_interpolation, eval_):
         _compare(make, _images(photos)[:2] + _images(photos)[3:], seed=5)
     nano_patch.patch_torch()
-    assert plan.plan_for(train()).describe() == [
+    assert compose_plan.plan_for(train()).describe() == [
         "RandomResizedCropAndInterpolation: native", "RandomHorizontalFlip: native", "ColorJitter: native",
         "MaybeToTensor: tail", "Normalize: tail"]
 
@@ -262,7 +262,7 @@ def test_timm_policies_run_from_the_plan_as_stock(photos, policy):
     _compare(make, _images(photos), seed=3, repeat=4)
     nano_patch.patch_torch()
     try:
-        described = plan.plan_for(make()).describe()
+        described = compose_plan.plan_for(make()).describe()
     finally:
         nano_patch.unpatch_torch()
     assert not any(d.endswith("stock") for d in described[:-1]), described  # RandomErasing: a tensor step
@@ -299,7 +299,7 @@ def test_every_timm_op_at_every_magnitude_equals_timms_own(photos):
     nano_patch.patch_torch()
     try:
         got = run_all()
-        described = {tuple(plan.plan_for(tf).describe()) for _, _, tf, _ in cases}
+        described = {tuple(compose_plan.plan_for(tf).describe()) for _, _, tf, _ in cases}
     finally:
         nano_patch.unpatch_torch()
     for (name, magnitude, _, im), (w, w_rng), (g, g_rng) in zip(cases, want, got):

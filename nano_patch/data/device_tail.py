@@ -12,7 +12,7 @@ Where the tail is split off (:func:`run_uint8`), the sample is the uint8 C x H x
 started from, and each ``RandomErasing``'s draws are made right there, in stock's order, from stock's generators,
 on a stand-in of the image's shape (its draws read the shape only): the rectangle and, for ``value="random"``,
 the normal values. :func:`apply_tail` later makes the same float32 operations on the whole batch, in stock's order,
-on the CPU (``data/batches.py``, the main process) or on the device after the transfer (:class:`DeferredImages`,
+on the CPU (``data/uint8_batches.py``, the main process) or on the device after the transfer (:class:`DeferredImages`,
 which ``train/device_tail.py`` lets through to Lightning's transfer).
 
 Bits: every operation is one correctly rounded float32 ``/``, ``*`` or ``-`` per element, as stock makes it per

@@ -11,7 +11,7 @@ class WorkerInit:
     """Caps torch, OpenMP and OpenCV at one thread in the worker, then calls the user's ``worker_init_fn``.
 
     With ``uint8``, the worker's copy of the dataset's transform also stops before ``ToTensor``
-    (see ``data/batches.py``). A class rather than a closure so that it pickles under spawn.
+    (see ``data/uint8_batches.py``). A class rather than a closure so that it pickles under spawn.
     """
 
     def __init__(self, user_fn: Callable[[int], Any] | None = None, uint8: bool = False) -> None:
@@ -23,7 +23,7 @@ class WorkerInit:
         if self.uint8:
             from torch.utils.data import get_worker_info
 
-            from .batches import mark_worker_dataset
+            from .uint8_batches import mark_worker_dataset
 
             info = get_worker_info()
             if info is not None:

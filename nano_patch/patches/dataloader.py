@@ -10,9 +10,9 @@ whose ``worker_init_fn`` is None) act as on stock. What it still does, none of w
   user's ``worker_init_fn`` only while ``__iter__`` starts the workers, so ``loader.worker_init_fn``
   always reads as the user left it;
 - for image-folder datasets with a stock ``Compose`` ending in ``ToTensor``, workers send uint8 images
-  and the main process finishes the batch with stock's own arithmetic (``data/batches.py``);
+  and the main process finishes the batch with stock's own arithmetic (``data/uint8_batches.py``);
 - prepares the decoded-image cache where it is on;
-- ``num_workers=0`` batches of the patched datasets load on a pool of threads (``data/parallel.py``),
+- ``num_workers=0`` batches of the patched datasets load on a pool of threads (``data/loader_pool.py``),
   through torch's map-style fetch (``data/fetch.py``: stock's, with the patched datasets' batch loaders where
   stock would call their ``__getitem__``), with stock's draws in stock's order.
 """
@@ -57,9 +57,9 @@ class DataLoaderPatch(Patch):
     def _apply(self, module: ModuleType, options: Options) -> None:
         from torch.utils.data._utils import fetch as torch_fetch
 
-        from ..data import batches, collate, fetch, parallel
+        from ..data import collate, fetch, loader_pool, uint8_batches
 
-        parallel.configure(options.loader_threads)
+        loader_pool.configure(options.loader_threads)
         collate.install()  # a batch the loader's threads rendered into one tensor is collated as that tensor
         fetcher = torch_fetch._MapDatasetFetcher
         self.record.replace(fetcher, "fetch", fetch.make_fetch(vars(fetcher)["fetch"], module.Subset))
@@ -96,11 +96,11 @@ class DataLoaderPatch(Patch):
             tail = getattr(instance, "_nano_tail", None)
             defer, _ = device_tail.decide(instance, tail, instance.num_workers > 0)
             if defer and spec is None:  # num_workers=0: this thread's draws stop before the tail
-                spec, here = tail, batches.uint8_transform(instance.dataset)[0]
+                spec, here = tail, uint8_batches.uint8_transform(instance.dataset)[0]
             else:
                 here = None
             if spec is not None:
-                iterator = batches.Uint8Batches(iterator, spec, defer=defer, here=here)
+                iterator = uint8_batches.Uint8Batches(iterator, spec, defer=defer, here=here)
             if report.stats is not None:
                 if instance.num_workers > 0:  # without workers nothing crosses processes: no path to count
                     why = getattr(instance, "_nano_uint8_why", "")
@@ -108,7 +108,7 @@ class DataLoaderPatch(Patch):
                 iterator = report.TimedBatches(iterator, instance.num_workers, loader_iterator)
             return iterator
 
-        def _uint8_spec(loader: Any, opts: Options) -> tuple[batches.TailSpec | None, str]:
+        def _uint8_spec(loader: Any, opts: Options) -> tuple[uint8_batches.TailSpec | None, str]:
             if not opts.uint8_batches:
                 return None, "uint8_batches is off: float batches"
             if loader.batch_sampler is None:
@@ -116,7 +116,7 @@ class DataLoaderPatch(Patch):
                 return None, "batch_size=None: float samples"
             if loader.collate_fn is not module.default_collate:
                 return None, "the loader's own collate_fn: float batches"
-            found = batches.uint8_transform(loader.dataset)
+            found = uint8_batches.uint8_transform(loader.dataset)
             if found is None:
                 return None, ("the dataset is not an image folder with a stock Compose ending in the tensor tail "
                               "(ToTensor or ToImage + ToDtype, then Normalize, RandomErasing): float batches")
@@ -139,7 +139,7 @@ class DataLoaderPatch(Patch):
         self.record.wrap(module.DataLoader, "__iter__", iter_)
 
     def _revert(self) -> None:
-        from ..data import collate, parallel
+        from ..data import collate, loader_pool
 
-        parallel.configure("off")
+        loader_pool.configure("off")
         collate.uninstall()

@@ -130,14 +130,15 @@ def _docstring(doc: str | None) -> str | None:
 
 
 def _noting_fit(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    from .. import session
+    from .. import exit_notices
     from ..train import callbacks
 
     model = args[0] if args else kwargs.get("model")
     if model is not None:
         channels_last = any(type(c).__name__.startswith("ChannelsLast") and type(c).__module__ == callbacks.__name__
                             for c in instance.callbacks)
-        session.note_training("Trainer", model, str(instance.precision), channels_last and callbacks.has_conv2d(model))
+        exit_notices.note_training("Trainer", model, str(instance.precision),
+                                   channels_last and callbacks.has_conv2d(model))
     return wrapped(*args, **kwargs)
 
 
@@ -157,7 +158,7 @@ def translate(pl: ModuleType, kwargs: dict[str, Any], nano: dict[str, Any],
     from ..train import callbacks
     from ..train import legacy as legacy_mod
     from ..train import strategy as strategy_mod
-    from ..train.plan import resolve_plan
+    from ..train.training_plan import resolve_plan
 
     plan = resolve_plan(nano, what="Trainer argument")
     start_method = legacy_mod.translate(kwargs, legacy or {}, plan.multi_instance, torch.cuda.is_available())
@@ -215,7 +216,7 @@ _REPLACEABLE_STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_fork", "ddp_notebook
 
 def _multi_instance(pl: ModuleType, kwargs: dict[str, Any], n: int, cores: Any, strategy_mod: ModuleType,
                     run_level: bool = False, start_method: str | None = None) -> dict:
-    from ..train.plan import default_start_method
+    from ..train.training_plan import default_start_method
 
     cls = strategy_mod.strategy_class(pl)
     source = "for this run" if run_level else "Trainer argument"

@@ -83,17 +83,17 @@ def _why_timm_code(instance: Any, reader_cls: type, stock_getitem: Any) -> str |
 
 
 def _getitems(dataset_cls: type, reader_cls: type, reader_methods: dict[str, Any]) -> Callable[..., Any]:
-    """The batch loader (``data/fetch.py``): a batch on the loader's threads (``vision/batch.py``), with timm's
+    """The batch loader (``data/fetch.py``): a batch on the loader's threads (``vision/batch_loader.py``), with timm's
     targets (-1 for none, else its ``target_transform``). A file that fails to load is loaded one by one through
     ``__getitem__`` at its place, which skips it as timm does."""
-    from ..data import parallel
-    from ..data.batches import inherits_getitem
-    from ..vision import batch
+    from ..data import loader_pool
+    from ..data.uint8_batches import inherits_getitem
+    from ..vision import batch_loader
 
     stock_getitem = reader_methods["__getitem__"]
 
     def getitems(self: Any, indices: list[int]) -> list[Any] | None:
-        return parallel.load_batch(load, self, indices)
+        return loader_pool.load_batch(load, self, indices)
 
     def load(self: Any, indices: list[int], n_threads: int) -> list[Any]:
         if n_threads > 1 and inherits_getitem(type(self), dataset_cls) and \
@@ -110,7 +110,7 @@ def _getitems(dataset_cls: type, reader_cls: type, reader_methods: dict[str, Any
 
                 if target_transform is None:  # timm's -1 for none, no user code: mapped here
                     entries = [(path, -1 if target is None else target) for path, target in entries]
-                out = batch.load_samples(self, entries, self.transform,
+                out = batch_loader.load_samples(self, entries, self.transform,
                                          target_of if target_transform is not None else None, n_threads,
                                          lambda k: self[indices[k]])
                 if out is not None:

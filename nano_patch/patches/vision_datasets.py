@@ -89,10 +89,10 @@ def _batch_adapter(cls: type, why_not: Callable[[Any], str | None],
                    transforms_of: Callable[[Any], tuple[Any, Any]] | None = None) -> Callable[..., Any]:
     """The batch loader of ``cls`` (``data/fetch.py``): the patched fetch hands it a batch's indices where stock's
     loop would call ``cls.__getitem__`` for each. The batch loads on the loader's threads where it can
-    (``vision/batch.py``); None, having run nothing, where stock's loop must load it."""
-    from ..data import parallel
-    from ..data.batches import inherits_getitem
-    from ..vision import batch
+    (``vision/batch_loader.py``); None, having run nothing, where stock's loop must load it."""
+    from ..data import loader_pool
+    from ..data.uint8_batches import inherits_getitem
+    from ..vision import batch_loader
 
     def transforms(dataset: Any) -> tuple[Any, Any]:
         return dataset.transform, dataset.target_transform
@@ -100,7 +100,7 @@ def _batch_adapter(cls: type, why_not: Callable[[Any], str | None],
     transforms_of = transforms_of or transforms
 
     def getitems(self: Any, indices: list[int]) -> list[Any] | None:
-        return parallel.load_batch(load, self, indices)
+        return loader_pool.load_batch(load, self, indices)
 
     def load(self: Any, indices: list[int], n_threads: int) -> list[Any]:
         why = None
@@ -113,11 +113,11 @@ def _batch_adapter(cls: type, why_not: Callable[[Any], str | None],
                 transform, target_transform = transforms_of(self)
             except Exception:  # noqa: BLE001 - a bad index: stock's loop raises stock's error at stock's point
                 return None
-            out = batch.load_samples(self, entries, transform, target_transform, n_threads,
+            out = batch_loader.load_samples(self, entries, transform, target_transform, n_threads,
                                      lambda k: self[indices[k]])
             if out is not None:
                 return out
-            why = batch.why_not_split(transform) or batch.why_one_by_one(self)
+            why = batch_loader.why_not_split(transform) or batch_loader.why_one_by_one(self)
         if why is not None and report.stats is not None:
             report.stats.count("dataloader", False, f"batch loaded one by one: {why}")
         return None

@@ -7,7 +7,7 @@ Where the patch goes in:
   too. Anything else, a user's ``np.ndarray`` included, is stock's to accept or reject. Argument
   parsing, matrices and random draws stay in the stock code above it.
 - ``functional.to_tensor``, ``pil_to_tensor`` and ``gaussian_blur``, which do not dispatch there.
-- ``Compose.__call__``: carries images as ``FastImage`` between steps (``vision/pipeline.py``).
+- ``Compose.__call__``: carries images as ``FastImage`` between steps (``vision/compose_call.py``).
 
 Functions are redirected in place (``AttributeRecord.redirect``): each stays the same object, so
 ``from torchvision.transforms.functional import to_tensor`` done earlier sees the patch and
@@ -239,10 +239,10 @@ class VisionTransformsPatch(Patch):
         from torchvision.transforms import _functional_pil as F_pil
         from torchvision.transforms import functional as F
 
+        from ..vision import compose_call
         from ..vision import functional as K
-        from ..vision import pipeline
 
-        pipeline.configure(module)
+        compose_call.configure(module)
         for name, (policy, pil_too) in _PIL_BACKEND.items():
             func = getattr(F_pil, name)
             kernel = None if policy == "pil" else getattr(K, name)
@@ -251,21 +251,21 @@ class VisionTransformsPatch(Patch):
         self.record.redirect(F.pil_to_tensor, _pil_to_tensor_wrapper(stock_copy(F.pil_to_tensor)))
         self.record.redirect(F.gaussian_blur, _gaussian_blur_wrapper(stock_copy(F.gaussian_blur)))
 
-        def compose_call(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        def compose_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             if len(args) == 1 and not kwargs:
                 img = args[0]
-                if pipeline.takes(img):
-                    return pipeline.run_compose(instance, img)
+                if compose_call.takes(img):
+                    return compose_call.run_compose(instance, img)
                 if report.stats is not None:
                     kind = f"PIL {img.mode!r}" if isinstance(img, Image.Image) else type(img).__name__
                     report.count("vision_transforms", False, f"Compose on {kind} input: stock torchvision code")
             return wrapped(*args, **kwargs)
 
-        self.record.wrap(module.Compose, "__call__", compose_call)
+        self.record.wrap(module.Compose, "__call__", compose_wrapper)
 
     def _revert(self) -> None:
+        from ..vision import compose_call
         from ..vision import functional as K
-        from ..vision import pipeline
 
-        pipeline.deactivate()
+        compose_call.deactivate()
         K.release_cv2()

@@ -7,7 +7,7 @@ plain PIL ``RGB``/``L`` image anywhere in a ``Compose``'s inputs (alone, or besi
 labels) becomes a ``FastImage`` for the steps, and a plain PIL image again at the end. Random
 draws, ``tv_tensors`` and everything that is not a PIL image are untouched. The policies
 (``AutoAugment``, ``RandAugment``, ``TrivialAugmentWide``) on a lone image run from the plan
-(``vision/plan.py``): stock's draws, then the kernels. ``_utils._get_fill`` looks a ``FastImage`` up
+(``vision/compose_plan.py``): stock's draws, then the kernels. ``_utils._get_fill`` looks a ``FastImage`` up
 as the PIL image it stands for, so fills given per type apply as in stock.
 """
 
@@ -40,35 +40,35 @@ class VisionTransformsV2Patch(Patch):
         from torchvision.transforms.v2 import _utils
 
         from ..registry import stock_copy
-        from ..vision import pipeline, plan
+        from ..vision import compose_call, compose_plan
         from ..vision.image import FastImage, fast, plain
 
         tail = _TensorTail(module)
-        plan.configure_v2(module)
+        compose_plan.configure_v2(module)
         # v2 picks a transform's fill by the input's type: the patch's image is looked up as the plain PIL
         # image it stands for, so that a fill given for PIL images applies to it, as in stock.
         self.record.redirect(_utils._get_fill, _fill_for_fast_images(stock_copy(_utils._get_fill)))
 
         def forward(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            if kwargs or not args or not pipeline.active():
+            if kwargs or not args or not compose_call.active():
                 return wrapped(*args, **kwargs)  # the v1 backend is not patched: nothing to gain
-            if len(args) == 1 and (pipeline.takes(args[0]) or tail.takes_tensor(args[0])):
-                if not pipeline.behaves_as(instance, module.Compose):
+            if len(args) == 1 and (compose_call.takes(args[0]) or tail.takes_tensor(args[0])):
+                if not compose_call.behaves_as(instance, module.Compose):
                     return wrapped(*args)
                 x = fast(args[0])
                 items = list(instance.transforms)
-                uint8 = pipeline.uint8_tail(instance)  # a DataLoader that finishes the tail itself (issue 33)
+                uint8 = compose_call.uint8_tail(instance)  # a DataLoader that finishes the tail itself (issue 33)
                 if uint8 is not None and isinstance(x, FastImage):
                     return tail.uint8_sample(instance, uint8, items, x)
                 for i, t in enumerate(items):
                     fused = tail.run(items[i:], x)
                     if fused is not None:
                         return fused
-                    planned = plan.run_v2_policy(t, x) if isinstance(x, FastImage) else None
+                    planned = compose_plan.run_v2_policy(t, x) if isinstance(x, FastImage) else None
                     x = t(x) if planned is None else planned
                 return x if isinstance(args[0], FastImage) else plain(x)
             flat, spec = tree_flatten(args)
-            converted = [fast(x) if pipeline.takes(x) and not isinstance(x, FastImage) else x for x in flat]
+            converted = [fast(x) if compose_call.takes(x) and not isinstance(x, FastImage) else x for x in flat]
             if all(a is b for a, b in zip(converted, flat)):
                 return wrapped(*args)
             out = wrapped(*tree_unflatten(converted, spec))
@@ -76,12 +76,12 @@ class VisionTransformsV2Patch(Patch):
             return tree_unflatten([plain(x) for x in flat_out], spec_out)
 
         self.record.wrap(module.Compose, "forward", forward)
-        pipeline.configure_v2(module.Compose)
+        compose_call.configure_v2(module.Compose)
 
     def _revert(self) -> None:
-        from ..vision import pipeline
+        from ..vision import compose_call
 
-        pipeline.configure_v2(None)
+        compose_call.configure_v2(None)
 
 
 def _fill_for_fast_images(original: Any) -> Any:
@@ -162,11 +162,11 @@ class _TensorTail:
         from torchvision.transforms import functional as F1
 
         from ..data import device_tail
-        from ..vision import plan
+        from ..vision import compose_plan
         from ..vision.image import FastImage
 
         for t in items[:spec.start]:
-            planned = plan.run_v2_policy(t, x) if isinstance(x, FastImage) else None
+            planned = compose_plan.run_v2_policy(t, x) if isinstance(x, FastImage) else None
             x = t(x) if planned is None else planned
         if not isinstance(x, Image.Image):  # not an image at the tail: stock's steps, stock's float sample
             for t in items[spec.start:]:

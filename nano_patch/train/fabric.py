@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 from ..config import ConfigError
 from . import callbacks, shutdown
 from . import strategy as strategy_mod
-from .plan import TrainingPlan, default_start_method, resolve_plan
+from .training_plan import TrainingPlan, default_start_method, resolve_plan
 
 log = logging.getLogger("nano_patch")
 
@@ -163,9 +163,9 @@ class TorchNano(_fabric.Fabric):
             module.to(memory_format=torch.channels_last)
             module.register_forward_pre_hook(_channels_last_inputs, with_kwargs=True)
         if self.global_rank == 0:
-            from .. import session
+            from .. import exit_notices
 
-            session.note_training(type(self).__name__, module, self.plan.precision or "32", channels_last)
+            exit_notices.note_training(type(self).__name__, module, self.plan.precision or "32", channels_last)
         if self.plan.auto_lr and self.world_size > 1:
             callbacks.scale_lrs(optimizers, [scheduler] if scheduler is not None else [], self.world_size)
             for opt in optimizers:

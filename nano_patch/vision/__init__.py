@@ -1,1 +1,2 @@
-"""Accelerated image kernels: JPEG decode (``decode``), array transforms (``functional``), Compose (``pipeline``)."""
+"""Accelerated image kernels: JPEG decode (``decode``), array transforms (``functional``), the
+Compose (``compose_call``, ``compose_plan``)."""

@@ -3,7 +3,7 @@
 ``nano_patch.vision._native`` is compiled when nano-patch is installed (``hatch_build.py``). Where no
 C compiler worked then, the install still succeeds without it, pip shows nothing, and every kernel
 runs PIL's own code (exact, slower). This module words that once, with the fix, for the first
-``patch_torch()`` of a process tree (:func:`nano_patch.session.warn_if_kernels_missing`) and for
+``patch_torch()`` of a process tree (:func:`nano_patch.exit_notices.warn_if_kernels_missing`) and for
 ``nano-patch status``; it is kept apart from ``native.py`` so that ``patch_torch()`` can ask without
 importing NumPy.
 """

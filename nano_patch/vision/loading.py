@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from . import cache, decode, file_index, native, pipeline, plan, source
+from . import cache, compose_call, compose_plan, decode, file_index, native, source
 from . import functional as K
 from .image import FastImage, plain
 
@@ -41,9 +41,9 @@ def needs_info(transform: Any) -> bool:
     one)."""
     from torchvision.transforms import Compose
 
-    if transform is None or not pipeline.behaves_as(transform, Compose):
+    if transform is None or not compose_call.behaves_as(transform, Compose):
         return True
-    p = plan.plan_for(transform)
+    p = compose_plan.plan_for(transform)
     n = len(p.items)
     covered = {i for j, tail in p.tails.items() for i in range(j, j + len(tail))}
     return not (n and n - 1 in covered and all(i in covered or p.runners[i] is not None for i in range(n)))
@@ -92,7 +92,7 @@ def load_transformed(path: str | os.PathLike[str], transform: Any, dataset: Any 
     """
     from torchvision.transforms import Compose
 
-    compose = transform if transform is not None and pipeline.behaves_as(transform, Compose) else None
+    compose = transform if transform is not None and compose_call.behaves_as(transform, Compose) else None
     try:
         a, done, deferred = _load(path, compose, dataset)
     except Exception as exc:
@@ -106,10 +106,10 @@ def load_transformed(path: str | os.PathLike[str], transform: Any, dataset: Any 
         if info:
             deferred.info = info
         return plain(_run_deferred(compose, deferred, wrap_load_errors))
-    return plain(pipeline.run_compose(compose, FastImage.wrap(a, info), skip=done))
+    return plain(compose_call.run_compose(compose, FastImage.wrap(a, info), skip=done))
 
 
-def _load(path: str | os.PathLike[str], compose: Any, dataset: Any) -> tuple[Any, int, plan.JpegPixels | None]:
+def _load(path: str | os.PathLike[str], compose: Any, dataset: Any) -> tuple[Any, int, compose_plan.JpegPixels | None]:
     """The image for ``compose``: (array, leading steps it already applied, None), or (None, 0, pixels not
     decoded yet) when the plan starts with a crop and a JPEG need only decode its window."""
     store = cache.store_for(dataset)
@@ -117,18 +117,18 @@ def _load(path: str | os.PathLike[str], compose: Any, dataset: Any) -> tuple[Any
     if a is not None or compose is None:
         return (decode.decode_rgb(path) if a is None else a), 0, None
     data = None
-    if plan.plan_for(compose).crop_first and native.available("crop_decode"):
+    if compose_plan.plan_for(compose).crop_first and native.available("crop_decode"):
         data = decode.read_bytes(path)
         size = decode.jpeg_size(data)
         # Stock's open-stage checks (decompression bomb, EXIF warnings) before the crop is drawn from
         # the header: stock raises or warns inside Image.open, before the transform draws anything.
         if size is not None and decode.check_open(data, *size, path=path):
-            return None, 0, plan.JpegPixels(data, size, path)
+            return None, 0, compose_plan.JpegPixels(data, size, path)
     arr, done = _decode_with_first_resize(path, compose.transforms, data)
     return arr, done, None
 
 
-def _run_deferred(compose: Any, px: plan.JpegPixels, wrap_load_errors: bool) -> Any:
+def _run_deferred(compose: Any, px: compose_plan.JpegPixels, wrap_load_errors: bool) -> Any:
     """Run the plan on a JPEG decoded only where its first crop lands (crop-region decode).
 
     Stock decodes before it draws; here the first crop is drawn from the header's size, then decoded.
@@ -138,10 +138,10 @@ def _run_deferred(compose: Any, px: plan.JpegPixels, wrap_load_errors: bool) -> 
     import torch
 
     torch_state = torch.get_rng_state()
-    python_state = random.getstate() if plan.draws_from_python(compose) else None
+    python_state = random.getstate() if compose_plan.draws_from_python(compose) else None
     try:
-        return pipeline.run_compose(compose, px)
-    except plan.DecodeFailed as failed:
+        return compose_call.run_compose(compose, px)
+    except compose_plan.DecodeFailed as failed:
         torch.set_rng_state(torch_state)
         if python_state is not None:
             random.setstate(python_state)
@@ -167,8 +167,8 @@ def transform_decoded(arr: np.ndarray, transform: Any, info: dict[Any, Any] | No
     from torchvision.transforms import Compose
 
     img = FastImage.wrap(arr, info)
-    if transform is not None and pipeline.behaves_as(transform, Compose):
-        return plain(pipeline.run_compose(transform, img))
+    if transform is not None and compose_call.behaves_as(transform, Compose):
+        return plain(compose_call.run_compose(transform, img))
     # The sample leaves the dataset here: an image result is an ordinary PIL image, as stock's.
     return plain(img if transform is None else transform(img))
 

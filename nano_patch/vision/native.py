@@ -43,11 +43,12 @@ KERNELS = {
     "hue": "adjust_hue (PIL's HSV round trip)",
     "tables": "point tables and the uint8-to-tensor tail",
     "crop_decode": "JPEG decoding of a crop window only (libjpeg-turbo), for crops drawn before decoding",
+    "torch_draws": "torch's generator reproduced for the draw step (rand, randint, uniform_, randperm)",
 }
 #: Kernels of the optional ``_jpeg`` extension (linked to libjpeg-turbo) rather than ``_native``.
 JPEG_KERNELS = ("crop_decode",)
 #: What runs instead of a kernel that is not used, where that is not PIL's own code.
-FALLBACKS = {"crop_decode": "the full decode"}
+FALLBACKS = {"crop_decode": "the full decode", "torch_draws": "torch's own draws"}
 NO_NATIVE_ENV = extension.NO_NATIVE_ENV
 ISA_ENV = extension.ISA_ENV
 
@@ -859,6 +860,13 @@ def check_crop_decode(mod: ModuleType) -> str | None:
     return None
 
 
+def check_torch_draws(mod: ModuleType) -> str | None:
+    """torch's draws reproduced (``torch_draws.py``): checked against the installed torch's own."""
+    from . import torch_draws
+
+    return torch_draws.check(mod)
+
+
 CHECKS: dict[str, Callable[[Any], str | None]] = {
     "resample": check_resample,
     "warp": check_warp,
@@ -869,4 +877,5 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
     "hue": check_hue,
     "tables": check_tables,
     "crop_decode": check_crop_decode,
+    "torch_draws": check_torch_draws,
 }

@@ -8,7 +8,7 @@ down as a typed :class:`Op` (a small object with its parameters, and the native 
 which :func:`render` (Python) or ``oprunner.run`` (one native call) makes later, on the real pixels.
 
 The step runners that call these are in ``steps.py`` (torchvision's v1 transforms) and ``policies.py``
-(AutoAugment and its kin, v1, v2 and timm's); ``plan.py`` ties them to a ``Compose``.
+(AutoAugment and its kin, v1, v2 and timm's); ``compose_plan.py`` ties them to a ``Compose``.
 """
 
 from __future__ import annotations
@@ -49,6 +49,9 @@ class Pixels:
     """
 
     __slots__ = ("base", "resize", "window", "flip", "info", "owned")
+    #: where a step's torch draws come from: None, torch's own generator; a recording may carry a
+    #: ``torch_draws.TorchDraws`` (the draw step of a batch), which then makes them natively
+    draws: Any = None
 
     def __init__(self, base: np.ndarray, info: dict[Any, Any] | None = None) -> None:
         self.base = base
@@ -355,6 +358,12 @@ class Crop(Op):
         return px
 
 
+def _native_filters() -> dict[int, str]:
+    from . import native  # (imported late: native's checks import this module's neighbours)
+
+    return native.FILTERS
+
+
 class Resize(Op):
     """PIL's convolution resize (or nearest) to ``height`` x ``width`` with PIL's filter number ``pil_filter``."""
 
@@ -362,9 +371,7 @@ class Resize(Op):
 
     def __init__(self, height: int, width: int, pil_filter: int) -> None:
         self.height, self.width, self.pil_filter = height, width, pil_filter
-        from . import native
-
-        ok = pil_filter in native.FILTERS
+        ok = pil_filter in _native_filters()
         self._native((OP_RESIZE, height, width, pil_filter, 0, 0.0, None) if ok else None,
                      "" if ok else "a nearest-neighbour resize (OpenCV's)")
 
@@ -418,8 +425,9 @@ class Colour(Op):
         elif code == OP_HUE:
             if not -0.5 <= f <= 0.5:
                 self._native(None, f"adjust_hue with factor {factor!r} (stock raises)")
-            else:  # torchvision's own expression, as functional.adjust_hue computes it
-                self._native((OP_HUE, int(np.int32(f * 255).astype(np.uint8)), 0, 0, 0, 0.0, None))
+            else:  # torchvision's own expression, np.int32(f * 255).astype(np.uint8), in integers: a float32
+                # truncated toward zero, then wrapped to a byte (|f * 255| <= 127.5 here)
+                self._native((OP_HUE, int(f * 255) & 0xFF, 0, 0, 0, 0.0, None))
         else:
             self._native((code, 0, 0, 0, 0, f, None))
 
@@ -561,10 +569,11 @@ class Recording(Pixels):
     the pixels while drawing (a stock step, a stock fallback inside a step) raises :class:`NotSplittable`.
     """
 
-    __slots__ = ("ops", "_hw", "_mode")
+    __slots__ = ("ops", "_hw", "_mode", "draws")
 
-    def __init__(self, hw: tuple[int, int], mode: str = "RGB") -> None:
+    def __init__(self, hw: tuple[int, int], mode: str = "RGB", draws: Any = None) -> None:
         self.ops: list[Op] = []
+        self.draws = draws
         self._hw, self._mode = hw, mode
         self._nothing_pending()
 

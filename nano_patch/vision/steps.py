@@ -8,13 +8,28 @@ is to its ``functional``, these are to ``pixels.py``: what to do, drawn; not how
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import random
+from collections.abc import Callable
 from typing import Any
 
 from . import functional as K
 from . import pixels as P
 from .pixels import JITTER, Pixels, UseStock
+
+
+def _drawn(px: Pixels, native: Callable[[Any], Any], stock: Callable[[], Any]) -> Any:
+    """A step's draws: made natively where the pixels carry native draws and they can make these (``native``
+    gives None where they cannot), else by stock's own code (``stock``), on torch's generator where the native
+    draws have brought it."""
+    draws = px.draws
+    if draws is not None:
+        got = native(draws)
+        if got is not None:
+            return got
+    with draws.lent() if draws is not None else contextlib.nullcontext():
+        return stock()
 
 
 def _pil_filter(interpolation: Any) -> int:
@@ -52,7 +67,9 @@ def _resize_to(px: Pixels, size: Any, interpolation: Any, max_size: Any, antiali
     if max_size is not None and (len(request) != 1 or not isinstance(max_size, int) or max_size <= request[0]):
         raise UseStock
     h, w = px.hw
-    out = P.stock_F._compute_resized_output_size((h, w), request, max_size)
+    # both sides given: stock's _compute_resized_output_size returns them as they are
+    out = request if len(request) == 2 and max_size is None else P.stock_F._compute_resized_output_size(
+        (h, w), request, max_size)
     if [h, w] == out:
         return
     if out[0] <= 0 or out[1] <= 0:
@@ -69,7 +86,8 @@ def run_random_resized_crop(t: Any, px: Pixels) -> None:
     _size_request(t.size)
     if t.antialias is False:
         raise UseStock
-    i, j, h, w = t.get_params(px.proxy(), t.scale, t.ratio)
+    i, j, h, w = _drawn(px, lambda d: d.resized_crop(px.hw, t.scale, t.ratio),
+                        lambda: t.get_params(px.proxy(), t.scale, t.ratio))
     px.crop(i, j, h, w)
     _resize_to(px, t.size, t.interpolation, None, t.antialias)
 
@@ -109,22 +127,28 @@ def run_random_crop(t: Any, px: Pixels) -> None:
     h, w = px.hw
     if t.pad_if_needed and (w < size[1] or h < size[0]):
         raise UseStock
-    i, j, ch, cw = t.get_params(px.proxy(), t.size)
+    i, j, ch, cw = _drawn(px, lambda d: d.crop(px.hw, t.size), lambda: t.get_params(px.proxy(), t.size))
     px.crop(i, j, ch, cw)
 
 
+def _below(px: Pixels, p: Any) -> bool:
+    """Stock's ``torch.rand(1) < p``."""
+    return bool(_drawn(px, lambda d: d.below(p), lambda: P.stock_torch.rand(1) < p))
+
+
 def run_hflip(t: Any, px: Pixels) -> None:
-    if P.stock_torch.rand(1) < t.p:
+    if _below(px, t.p):
         px.hflip()
 
 
 def run_vflip(t: Any, px: Pixels) -> None:
-    if P.stock_torch.rand(1) < t.p:
+    if _below(px, t.p):
         px.vflip()
 
 
 def run_color_jitter(t: Any, px: Pixels) -> Pixels:
-    fn_idx, b, c, s, h = t.get_params(t.brightness, t.contrast, t.saturation, t.hue)
+    fn_idx, b, c, s, h = _drawn(px, lambda d: d.jitter(t),
+                                lambda: t.get_params(t.brightness, t.contrast, t.saturation, t.hue))
     for fn_id in fn_idx:
         factor = (b, c, s, h)[int(fn_id)] if 0 <= int(fn_id) < 4 else None
         if factor is not None:
@@ -144,6 +168,12 @@ def run_grayscale(t: Any, px: Pixels) -> None:
 
 def run_random_grayscale(t: Any, px: Pixels) -> None:
     channels = 1 if px.mode == "L" else 3
-    if P.stock_torch.rand(1) < t.p:
+    if _below(px, t.p):
         _grey(px, channels)
 
+
+
+#: The runners whose torch draws the native draws make (or that draw nothing): a plan of these alone may carry
+#: a ``torch_draws.TorchDraws`` through its steps; any other step draws from torch's generator itself.
+NATIVE_DRAWS = frozenset({run_resize, run_random_resized_crop, run_center_crop, run_random_crop, run_hflip, run_vflip,
+                          run_color_jitter, run_grayscale, run_random_grayscale})

@@ -113,7 +113,7 @@ def root_dataset(dataset: Any) -> Any:
 def _is_main_process() -> bool:
     import multiprocessing
 
-    from ... import session
+    from ... import exit_notices
 
     if multiprocessing.parent_process() is not None:
         return False
@@ -124,7 +124,7 @@ def _is_main_process() -> bool:
             return False
     except ImportError:  # pragma: no cover
         pass
-    return session.is_rank_zero()
+    return exit_notices.is_rank_zero()
 
 
 def dataset_files(dataset: Any) -> list[str]:

@@ -12,6 +12,9 @@
 
 #include "native.h"
 
+/* torch's generator reproduced (torch_draws.c): added to the module at its creation */
+extern PyMethodDef nano_draws_methods[];
+
 #if NANO_X86
 #include <cpuid.h>
 #endif
@@ -553,5 +556,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", "nano-patc
 PyMODINIT_FUNC PyInit__native(void) {
     best_isa = current_isa = detect_isa();
     nano_hue_init();
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddFunctions(m, nano_draws_methods) < 0)
+        Py_CLEAR(m);
+    return m;
 }

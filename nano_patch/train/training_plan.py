@@ -38,11 +38,11 @@ def resolve_plan(given: Mapping[str, Any], what: str = "argument") -> TrainingPl
     """Validate the nano arguments in ``given`` (a subset of :data:`NANO_ARGS`) over the defaults in force."""
     import nano_patch
 
-    from .. import session
+    from .. import exit_notices
     from . import topology
 
     opts = nano_patch.options()
-    session.note_picked_up(what)
+    exit_notices.note_picked_up(what)
     values = {k: validate(k, v, source=f"{what} {k}") for k, v in given.items() if v is not None}
     n = values.get("num_processes", opts.num_processes)
     cores = values.get("cpu_for_each_process", opts.cpu_for_each_process)

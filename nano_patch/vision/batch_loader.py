@@ -9,7 +9,7 @@ samples of a batch:
   every step exactly as stock's one-by-one loop makes it (torch's, Python's and NumPy's generators), and the
   pixel operations written down. No user code runs here; the generators' state before each sample is kept (or
   found again by drawing the run once more from its start, where no ``target_transform`` needs it).
-- **render** (``data/parallel.py``'s threads, in the calling thread's torch state: ``data/torch_state.py``): per
+- **render** (``data/loader_pool.py``'s threads, in the calling thread's torch state: ``data/torch_state.py``): per
   sample, the decode (whole, or only a crop's window) or the cache's view, and the written-down operations, in
   order (``plan.render``). Draws nothing; the decoders and kernels release the GIL.
 - **take** (the calling thread, sample by sample): the dataset's ``target_transform``, called with the
@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from .. import report
-from . import cache, decode, file_index, native, oprunner, pipeline, plan, source
+from . import cache, compose_call, compose_plan, decode, file_index, native, oprunner, source, torch_draws
 from .image import FastImage, plain
 
 #: A sample's pixels, as the draw found them: one of these kinds, with what the render needs.
@@ -51,7 +51,7 @@ class Job:
 
     kind: str
     path: Any
-    recording: plan.Recording | None
+    recording: compose_plan.Recording | None
     array: np.ndarray | None = None
     data: bytes | None = None
     size: tuple[int, int] | None = None
@@ -80,11 +80,11 @@ def why_not_split(transform: Any) -> str | None:
         return None
     from torchvision.transforms import Compose
 
-    if not pipeline.behaves_as(transform, Compose):
+    if not compose_call.behaves_as(transform, Compose):
         return f"the transform is a {type(transform).__name__}, not a torchvision Compose"
     if nano_patch.options().scaled_decode:
         return "scaled_decode fuses the first Resize into the decode"
-    return plan.plan_for(transform).unsplittable
+    return compose_plan.plan_for(transform).unsplittable
 
 
 def _states(beyond_torch: bool = True) -> tuple[Any, Any, Any]:
@@ -117,7 +117,7 @@ def _same(a: tuple[Any, Any, Any], b: tuple[Any, Any, Any]) -> bool:
     return a[2][0] == b[2][0] and np.array_equal(a[2][1], b[2][1]) and tuple(a[2][2:]) == tuple(b[2][2:])
 
 
-def _draws_beyond_torch(the_plan: plan.Plan | None) -> bool:
+def _draws_beyond_torch(the_plan: compose_plan.Plan | None) -> bool:
     """Whether a step of the plan may draw from Python's or NumPy's generator (timm's steps), not torch's alone."""
     if the_plan is None:
         return False
@@ -184,13 +184,13 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
               n_threads: int, one: Callable[[int], Any], out: list[Any]) -> int:
     """Load samples from ``k0`` into ``out``: draw as many as can be drawn ahead, render them, then take them in
     order; return the index to go on from."""
-    from ..data import parallel, torch_state
+    from ..data import loader_pool, torch_state
     from . import loading
 
     stats = report.stats
     store = cache.store_for(dataset)
     index = file_index.for_dataset(dataset) if store is not None else None
-    the_plan = plan.plan_for(transform) if transform is not None else None
+    the_plan = compose_plan.plan_for(transform) if transform is not None else None
     crop_window = the_plan is not None and the_plan.crop_first and native.available("crop_decode")
     beyond = _draws_beyond_torch(the_plan) or target_transform is not None
     with_info = loading.needs_info(transform)
@@ -201,6 +201,9 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
     # user code and give no warning) in the rare case that a sample needs stock's code.
     before: list[tuple[Any, Any, Any]] | None = [] if target_transform is not None else None
     run_start = _states(beyond) if before is None else None
+    # torch's draws made natively from a copy of its generator, written back once the run's draws are made; only
+    # where no user code runs between two samples' draws (no target_transform) and every step's draws are known
+    draws = _native_draws() if before is None and the_plan is not None and the_plan.draws_natively else None
 
     def rewind(j: int) -> None:
         """The generators where they were before the ``j``-th job's draws."""
@@ -212,42 +215,47 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
             _draw_again(done_job, transform)
 
     stop: _Stop | None = None
-    for k in range(k0, len(entries)):
-        path = entries[k][0]
-        states = _states(beyond) if before is not None else None
-        try:
-            job = _source(path, store, crop_window, index)
-            if with_info:
-                job.info = decode.image_info(path, job.data)
-        except _GuardRaised as raised:
-            stop = _Stop(k, error=raised.error)
-            break
-        except Exception:  # noqa: BLE001 - a file stock's own code handles its way (missing, damaged): one by one
-            stop = _Stop(k)
-            break
-        try:
-            _draw(job, transform)
-        except plan.NotSplittable as exc:
-            if states is not None:
-                _restore(states)
-            else:
-                rewind(len(jobs))
-            if exc.every_time and the_plan is not None:
-                the_plan.unsplittable = str(exc)
-                report.count("dataloader", False, f"batch loaded one by one: {exc}")
-            else:
-                report.count("dataloader", False, f"sample loaded one by one: {exc}")
-            stop = _Stop(k, job=job)
-            break
-        jobs.append(job)
-        if before is not None:
-            before.append(states)
+    try:
+        for k in range(k0, len(entries)):
+            path = entries[k][0]
+            states = _states(beyond) if before is not None else None
+            try:
+                job = _source(path, store, crop_window, index)
+                if with_info:
+                    job.info = decode.image_info(path, job.data)
+            except _GuardRaised as raised:
+                stop = _Stop(k, error=raised.error)
+                break
+            except Exception:  # noqa: BLE001 - a file stock's own code handles its way (missing, damaged): one by one
+                stop = _Stop(k)
+                break
+            try:
+                _draw(job, transform, draws)
+            except compose_plan.NotSplittable as exc:
+                if states is not None:
+                    _restore(states)
+                else:
+                    draws = None  # the rewind draws again with torch's own generator, which then stands right
+                    rewind(len(jobs))
+                if exc.every_time and the_plan is not None:
+                    the_plan.unsplittable = str(exc)
+                    report.count("dataloader", False, f"batch loaded one by one: {exc}")
+                else:
+                    report.count("dataloader", False, f"sample loaded one by one: {exc}")
+                stop = _Stop(k, job=job)
+                break
+            jobs.append(job)
+            if before is not None:
+                before.append(states)
+    finally:
+        if draws is not None:
+            draws.to_torch()  # torch's generator where the run's draws leave it, as stock's would be
     after = _states(beyond) if before is not None and jobs else None
     for job, run in zip(jobs, oprunner.prepare_batch([j.recording for j in jobs])):
         job.native = run  # (all of them: into one batch tensor, which default_collate then takes as it is)
     drawn = time.perf_counter()
     state = torch_state.capture() if n_threads > 1 and len(jobs) > 1 else None
-    outcomes = parallel.map_outcomes(_render, jobs, n_threads, state)
+    outcomes = loader_pool.map_outcomes(_render, jobs, n_threads, state)
     done = time.perf_counter()
     committed = 0
     stale = False  # the samples left were drawn from a state that is not stock's: one by one, in order
@@ -259,7 +267,8 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
         if not ok:
             # stock's own code for this sample, from stock's state before it; those drawn after it follow it
             rewind(j)
-            if not isinstance(rendered, (plan.DecodeFailed, plan.RenderFailed, plan.NotSplittable)):
+            failures = (compose_plan.DecodeFailed, compose_plan.RenderFailed, compose_plan.NotSplittable)
+            if not isinstance(rendered, failures):
                 report.count("dataloader", False, "sample loaded one by one: it failed to load or render")
             stale = True
             out.append(_one_reusing(one, k, job))
@@ -320,18 +329,26 @@ def _guard(check: Callable[..., Any], *args: Any) -> Any:
         raise _GuardRaised(exc) from exc
 
 
-def _draw(job: Job, transform: Any) -> None:
-    """The sample's draws: ``transform``'s plan on a Recording of the source's size."""
+def _native_draws() -> torch_draws.TorchDraws | None:
+    """torch's draws made natively from here (``torch_draws``), where that kernel passed its check; else None."""
+    if not native.available("torch_draws"):
+        return None
+    return torch_draws.start(native.kernel("torch_draws"))
+
+
+def _draw(job: Job, transform: Any, draws: torch_draws.TorchDraws | None = None) -> None:
+    """The sample's draws: ``transform``'s plan on a Recording of the source's size (torch's draws made by
+    ``draws`` where given, else by torch)."""
     if transform is not None:
         hw = job.array.shape[:2] if job.array is not None else job.size
-        job.recording = pipeline.run_compose(transform, plan.Recording(hw))
+        job.recording = compose_call.run_compose(transform, compose_plan.Recording(hw, draws=draws))
 
 
 def _draw_again(job: Job, transform: Any) -> None:
     """``job``'s draws once more, from where the generators are (its recording kept as it was)."""
     if transform is not None:
         hw = job.array.shape[:2] if job.array is not None else job.size
-        pipeline.run_compose(transform, plan.Recording(hw))
+        compose_call.run_compose(transform, compose_plan.Recording(hw))
 
 
 def _source(path: Any, store: cache.Store | None, crop_window: bool, index: file_index.FileIndex | None = None
@@ -370,7 +387,7 @@ def _render(job: Job) -> Rendered:
         sample = oprunner.run_jpeg(job.native, job.data, job.size, job.path)
         return Rendered(sample, None, False, 0.0, time.perf_counter() - start)
     if job.kind == JPEG_WINDOW:
-        px: plan.Pixels = plan.JpegPixels(job.data, job.size, job.path)
+        px: compose_plan.Pixels = compose_plan.JpegPixels(job.data, job.size, job.path)
         if job.info:
             px.info = job.info
     else:
@@ -379,7 +396,7 @@ def _render(job: Job) -> Rendered:
             a, reproducible = decode.decode_rgb_reproducibly(job.path, data=job.data, checked=True)
             decode_s = time.perf_counter() - start
             if a.shape[:2] != tuple(job.size):
-                raise plan.RenderFailed("the decode's size is not the header's")
+                raise compose_plan.RenderFailed("the decode's size is not the header's")
             decoded = a if job.material is not None else None
         if job.recording is None:
             return Rendered(plain(FastImage.wrap(a, job.info)), decoded, reproducible, decode_s,
@@ -387,7 +404,7 @@ def _render(job: Job) -> Rendered:
         if job.native is not None:
             sample = oprunner.run(job.native, a)
             return Rendered(sample, decoded, reproducible, decode_s, time.perf_counter() - start)
-        px = plan.Pixels.of(FastImage.wrap(a, job.info))
-    sample = plain(plan.render(job.recording, px))
+        px = compose_plan.Pixels.of(FastImage.wrap(a, job.info))
+    sample = plain(compose_plan.render(job.recording, px))
     return Rendered(sample, decoded, reproducible, decode_s, time.perf_counter() - start)
 

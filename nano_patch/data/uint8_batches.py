@@ -52,9 +52,9 @@ def inherits_getitem(cls: type, base: type) -> bool:
 
 def uint8_transform(dataset: Any) -> tuple[Any, TailSpec] | None:
     """The dataset's ``Compose`` and how to finish its batches, if the dataset qualifies; else None."""
-    from ..vision import pipeline
+    from ..vision import compose_call
 
-    if not pipeline.active():
+    if not compose_call.active():
         return None
     dataset = _root_dataset(dataset)
     if not _rgb_loading(dataset):  # first: a dataset of the user's own class is never asked for attributes
@@ -62,7 +62,7 @@ def uint8_transform(dataset: Any) -> tuple[Any, TailSpec] | None:
     compose = getattr(dataset, "transform", None)
     if compose is None:
         return None
-    if not pipeline.splits_tail(compose):
+    if not compose_call.splits_tail(compose):
         return None
     spec = find_tail(compose)
     return None if spec is None else (compose, spec)
@@ -70,13 +70,13 @@ def uint8_transform(dataset: Any) -> tuple[Any, TailSpec] | None:
 
 def mark_worker_dataset(dataset: Any) -> None:
     """In a worker: make this worker's copy of the dataset's ``Compose`` return uint8 tensors."""
-    from ..vision import pipeline
+    from ..vision import compose_call
 
     found = uint8_transform(dataset)
     if found is not None:
         if found[1].erasers:
             register_collate()
-        pipeline.emit_uint8(found[0])
+        compose_call.emit_uint8(found[0])
 
 
 def to_float(images: Any, spec: TailSpec, erased: Any = None) -> Any:
@@ -122,9 +122,9 @@ class Uint8Batches(Iterator[Any]):
         if self._here is None:
             raw = next(self._iterator)
         else:
-            from ..vision import pipeline
+            from ..vision import compose_call
 
-            with pipeline.uint8_here(self._here):
+            with compose_call.uint8_here(self._here):
                 raw = next(self._iterator)
         batch, self.last_image_bytes = finish(raw, self._spec, self._defer)
         return batch

@@ -1,6 +1,6 @@
 """The loader's threads: one pool per process that loads the samples of a batch (``--loader-threads``).
 
-Used only while a batch is being fetched, by ``vision/batch.py``: a ``num_workers=0`` DataLoader of a
+Used only while a batch is being fetched, by ``vision/batch_loader.py``: a ``num_workers=0`` DataLoader of a
 patched dataset renders its samples here. Inside DataLoader worker processes it is one thread (each
 worker is already one of many processes). Sized to the cores this process may use: its affinity mask,
 and the cgroup's CPU quota where one is set (a container given 2 CPUs of a 64-core host gets 2 threads).
@@ -37,22 +37,36 @@ _pool_pid = 0
 class AutoThreads:
     """``--loader-threads auto``: the thread count, chosen from the throughput the process measures.
 
-    The counts tried are 1, 2, 4, ... up to the usable cores (and the usable cores themselves). Each is held for
-    one batch that is not counted (the first batch on a count pays one-time costs: the pool's threads, the first
-    batch-path setup), then a window of at least ``WINDOW_BATCHES`` batches and ``WINDOW_SECONDS`` of loading;
-    its rate is the window's samples over the seconds its batches took to load (draws and renders: what the
-    thread count changes). Starting from 1 thread, the next count is tried only while the last one was faster
-    than the one before by more than ``MARGIN``; the climb stops at the first that is not in two windows in a row
-    (its first window may have paid one-time costs that the one below had already paid), and the process keeps
-    the fastest count measured (so never a count slower than 1 thread, nor than any fewer threads measured). Every
-    ``RECHECK_BATCHES`` batches the climb runs again from one count below the kept one (a warm cache, or
-    another load on the machine, moves the best count): each recheck can move it one step down, or up while
-    more threads keep paying.
+    The counts are 1, 2, 4, ... up to the usable cores, and the usable cores themselves (the ladder). Throughput
+    is measured in windows: after each change of count one batch is not counted (it pays one-time costs: the
+    pool's threads, the first batch-path setup), then a window lasts at least ``WINDOW_BATCHES`` batches and
+    ``WINDOW_SECONDS`` of loading, and its rate is its samples over the seconds its batches took to load (draws
+    and renders: what the thread count changes).
+
+    Two counts are compared in three windows interleaved in time, one count's either side of the other's, and
+    the mean of the two outer windows is set against the middle one: a throughput that drifts steadily meanwhile
+    (the cold first epoch: files read for the first time, the decoded-image cache filling, the allocator warming
+    up) moves both sides alike and cancels out. More threads pay when they are more than ``MARGIN`` faster.
+
+    The climb starts with 2 threads / 1 / 2 (the outer windows on the count more threads would make faster, so
+    the climb spends less time on the slow one), and goes on, next count / kept count / next count, while the
+    next count up pays; the first that does not ends it, on the count kept. So a count is kept only where it was
+    measured faster than the count below it, against it, and none is slower than 1 thread.
+
+    After ``RECHECK_BATCHES`` batches on the kept count it is compared again with the counts one step up and one
+    step down, in windows kept / up / kept / down / kept, each set against the kept windows either side (a warm
+    cache, or another load on the machine, moves the best count): the count below is taken where it is at least
+    as fast as the kept one (fewer threads that lose nothing), one step; else, where the count above pays, the
+    climb goes on from it as from the start (a cold phase that outlasted the first climb ends there).
+
+    ``record`` runs once per batch, under the lock, in constant time; ``current`` reads one attribute.
     """
 
-    WINDOW_BATCHES = 4
-    WINDOW_SECONDS = 0.1
+    WINDOW_BATCHES = 8  # at +-10% noise per batch, a window's rate varies by about 2% (one sd): inside MARGIN
+    WINDOW_SECONDS = 0.3  # and one slow batch (page faults, a GC pause) weighs little against 0.3 s of others
     MARGIN = 0.05
+    # a recheck spends a window on each count either side: 1% of the throughput where they are 10% slower, 2.3%
+    # where the count below is 1.6x slower (2 cores)
     RECHECK_BATCHES = 200
 
     def __init__(self, cores: int) -> None:
@@ -61,28 +75,34 @@ class AutoThreads:
             ladder.append(n)
             n *= 2
         self.ladder = [*ladder, cores]
-        self.rates: dict[int, float] = {}
-        self.step = 0  # index into the ladder of the count in use
-        self.climbing = True
+        self.rates: dict[int, float] = {}  # each count's last window, in samples/s
+        self.kept = 0  # index into the ladder of the count kept
+        self.climbing = False  # a comparison is under way: the climb, or a recheck
+        self.rechecks = 0
+        self._in_use = 1  # the count the next batch loads on (one attribute: read without the lock)
+        self._plan: tuple[int, ...] = ()  # the ladder indices of the comparison's windows, in order
+        self._window_rates: list[float] = []  # the rates of its windows so far
+        self._rechecking = False
         self._samples, self._seconds, self._batches = 0, 0.0, 0
-        self._skip = 1  # the next batch on a new count is not counted
-        self._confirming = False  # re-measuring a count that did not pay, before stopping there
+        self._skip = 1  # the next batch is not counted (the first on a count)
         self._since_check = 0
         self._lock = threading.Lock()
+        if len(self.ladder) > 1:
+            self._compare((1, 0, 1))
 
     def current(self) -> int:
-        return self.ladder[self.step]
+        """The count the next batch loads on."""
+        return self._in_use
 
     def record(self, n_threads: int, samples: int, seconds: float) -> None:
         """A batch of ``samples`` loaded on ``n_threads`` threads in ``seconds``."""
         with self._lock:
-            if n_threads != self.ladder[self.step]:
-                return  # measured before the last change: not this window's
+            if n_threads != self._in_use:
+                return  # loaded before the last change of count: not this window's
             if not self.climbing:
                 self._since_check += 1
-                if self._since_check >= self.RECHECK_BATCHES:
-                    self._since_check, self.climbing, self.rates = 0, True, {}
-                    self.step, self._skip = max(0, self.step - 1), 1
+                if self._since_check >= self.RECHECK_BATCHES and len(self.ladder) > 1:
+                    self._recheck()
                 return
             if self._skip:
                 self._skip -= 1
@@ -90,28 +110,75 @@ class AutoThreads:
             self._samples += samples
             self._seconds += seconds
             self._batches += 1
-            if self._batches < self.WINDOW_BATCHES or self._seconds < self.WINDOW_SECONDS:
+            if self._batches < self.WINDOW_BATCHES or self._seconds < self.WINDOW_SECONDS or self._seconds <= 0:
                 return
             rate = self._samples / self._seconds
-            self.rates[self.current()] = rate
             self._samples, self._seconds, self._batches = 0, 0.0, 0
-            below = self.rates.get(self.ladder[self.step - 1]) if self.step > 0 else None
-            if (below is None or rate > below * (1 + self.MARGIN)) and self.step + 1 < len(self.ladder):
-                self.step, self._skip = self.step + 1, 1  # more threads paid (or nothing to compare yet): next
-                self._confirming = False
-                return
-            if not self._confirming and below is not None:
-                # once more before stopping: a count's first window can land on one-time costs (a small dataset's
-                # first batches through the batch path, its files seen for the first time there)
-                self._confirming, self._skip = True, 1
-                return
-            self._confirming = False
-            best = max(self.rates, key=self.rates.__getitem__)
-            self.step, self.climbing = self.ladder.index(best), False
+            self.rates[n_threads] = rate
+            self._window_rates.append(rate)
+            if len(self._window_rates) < len(self._plan):
+                self._use(self._plan[len(self._window_rates)])
+            elif self._rechecking:
+                self._end_recheck()
+            else:
+                self._end_climb_step()
+
+    def _use(self, step: int) -> None:
+        """Load on the ladder's count at ``step`` from the next batch on, that batch not counted."""
+        self._in_use, self._skip = self.ladder[step], 1
+
+    def _compare(self, plan: tuple[int, ...], rechecking: bool = False) -> None:
+        """Start a comparison: a window on each of the ladder's counts at ``plan`` (the kept count every other)."""
+        self._plan, self._window_rates, self._rechecking, self.climbing = plan, [], rechecking, True
+        self._use(plan[0])
+
+    def _keep(self, step: int) -> None:
+        """End the comparison on the ladder's count at ``step``; the next recheck is ``RECHECK_BATCHES`` on."""
+        self.kept, self._plan, self._window_rates, self.climbing, self._since_check = step, (), [], False, 0
+        self._use(step)
+
+    def _gain(self, i: int) -> float:
+        """Window ``i``'s rate over the mean of the kept count's windows either side of it."""
+        w = self._window_rates
+        return w[i] / ((w[i - 1] + w[i + 1]) / 2)
+
+    def _end_climb_step(self) -> None:
+        k, w = self.kept, self._window_rates
+        if (w[0] + w[2]) / 2 <= w[1] * (1 + self.MARGIN):
+            self._keep(k)  # the next count up did not pay: the climb ends here
+        elif k + 2 < len(self.ladder):
+            self.kept = k + 1
+            self._compare((k + 2, k + 1, k + 2))
+        else:
+            self._keep(k + 1)  # every core, every step to them having paid
+
+    def _recheck(self) -> None:
+        k, top = self.kept, len(self.ladder) - 1
+        self.rechecks += 1
+        self._compare((k, *((k + 1, k) if k < top else ()), *((k - 1, k) if k > 0 else ())), rechecking=True)
+
+    def _end_recheck(self) -> None:
+        k, plan = self.kept, self._plan
+        window_of = {plan[i]: i for i in range(1, len(plan), 2)}  # the ladder index of a count -> its window
+        up, down = window_of.get(k + 1), window_of.get(k - 1)
+        if down is not None and self._gain(down) >= 1:
+            self._keep(k - 1)  # fewer threads lose nothing
+        elif up is not None and self._gain(up) > 1 + self.MARGIN:
+            # more threads pay now (a cold phase that outlasted the first climb): climb on from there, as far as
+            # they keep paying, rather than one step per recheck
+            if k + 2 < len(self.ladder):
+                self.kept = k + 1
+                self._compare((k + 2, k + 1, k + 2))
+            else:
+                self._keep(k + 1)
+        else:
+            self._keep(k)
 
     def describe(self) -> dict[str, Any]:
-        return {"threads": self.current(), "climbing": self.climbing,
-                "images_per_s": {str(n): round(r, 1) for n, r in sorted(self.rates.items())}}
+        with self._lock:  # rates may be written meanwhile (a free-threaded Python has no GIL to order it)
+            rates = sorted(self.rates.items())
+            return {"threads": self._in_use, "climbing": self.climbing, "rechecks": self.rechecks,
+                    "images_per_s": {str(n): round(r, 1) for n, r in rates}}
 
 
 _auto: AutoThreads | None = None

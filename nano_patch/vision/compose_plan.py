@@ -63,6 +63,7 @@ from .policies import (  # noqa: F401 - tests reach the policies' ops through th
     v2_op,
 )
 from .steps import (
+    NATIVE_DRAWS,
     run_center_crop,
     run_color_jitter,
     run_grayscale,
@@ -167,7 +168,7 @@ class Tail:
                 key.append(t.dtype)
             else:  # Normalize: the constants as plain numbers, or no table
                 try:
-                    key.append((tuple(float(m) for m in t.mean), tuple(float(s) for s in t.std), t.inplace))
+                    key.append((tuple(map(float, t.mean)), tuple(map(float, t.std)), t.inplace))
                 except (TypeError, ValueError):
                     return None
         return tuple(key)
@@ -231,9 +232,9 @@ class Plan:
 
     def __init__(self, items: list[Any]) -> None:
         self.items = items
-        #: why a batch of this plan cannot draw apart from its pixels (set by ``vision/batch.py``), or None
+        #: why a batch of this plan cannot draw apart from its pixels (set by ``vision/batch_loader.py``), or None
         self.unsplittable: str | None = None
-        #: some samples' draws need their pixels (``vision/batch.py`` then loads those one by one)
+        #: some samples' draws need their pixels (``vision/batch_loader.py`` then loads those one by one)
         self.sometimes_unsplittable: str | None = None
         self.runners: list[Callable[[Any, Pixels], Any] | None] = []
         self.tails: dict[int, Tail] = {}
@@ -250,6 +251,13 @@ class Plan:
     def crop_first(self) -> bool:
         """The first transform is a crop drawn from the image size alone: a JPEG need only decode its window."""
         return bool(self.runners) and 0 not in self.tails and self.runners[0] in _CROPS
+
+    @property
+    def draws_natively(self) -> bool:
+        """Every step either draws nothing or draws what ``torch_draws`` makes natively (the tail included), so a
+        batch's draw step may carry native draws through the plan."""
+        covered = {k for j, tail in self.tails.items() for k in range(j, j + len(tail))}
+        return bool(self.runners) and all(i in covered or r in NATIVE_DRAWS for i, r in enumerate(self.runners))
 
     def matches(self, items: list[Any]) -> bool:
         return len(items) == len(self.items) and all(a is b for a, b in zip(items, self.items))

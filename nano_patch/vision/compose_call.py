@@ -2,7 +2,7 @@
 
 The patched ``Compose.__call__`` and the dataset patch hand a PIL ``RGB``/``L`` image (usually a
 ``FastImage`` the decoder made) to :func:`run_compose`, which runs the Compose's plan
-(``plan.py``). Everything else (tensors, arrays, other modes, subclasses that override
+(``compose_plan.py``). Everything else (tensors, arrays, other modes, subclasses that override
 ``__call__``) is stock's.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 from PIL import Image
 
-from . import plan
+from . import compose_plan
 
 _to_tensor_cls: type | None = None
 _normalize_cls: type | None = None
@@ -33,7 +33,7 @@ def configure(transforms: Any) -> None:
     """Name the stock classes the pipeline treats specially (set by the patch)."""
     global _to_tensor_cls, _normalize_cls, _compose_cls
     _to_tensor_cls, _normalize_cls, _compose_cls = transforms.ToTensor, transforms.Normalize, transforms.Compose
-    plan.configure(transforms)
+    compose_plan.configure(transforms)
 
 
 def deactivate() -> None:
@@ -118,12 +118,12 @@ def run_compose(compose: Any, img: Any, *, skip: int = 0) -> Any:
     steps already applied."""
     spec = uint8_tail(compose)
     if spec is None:
-        return plan.run(compose, img, skip=skip)
+        return compose_plan.run(compose, img, skip=skip)
     if not spec.erasers:
-        return plan.run(compose, img, skip=skip, uint8_tail=True)
+        return compose_plan.run(compose, img, skip=skip, uint8_tail=True)
     from ..data import device_tail
 
-    out = plan.run(device_tail.prefix_compose(compose, spec), img, skip=skip, uint8_tail=True)
-    if isinstance(out, plan.Recording):  # the erasers' draws belong to the draw step: not deferred there
-        raise plan.NotSplittable("RandomErasing after a tail left to the device")
+    out = compose_plan.run(device_tail.prefix_compose(compose, spec), img, skip=skip, uint8_tail=True)
+    if isinstance(out, compose_plan.Recording):  # the erasers' draws belong to the draw step: not deferred there
+        raise compose_plan.NotSplittable("RandomErasing after a tail left to the device")
     return device_tail.uint8_sample(compose, spec, out)

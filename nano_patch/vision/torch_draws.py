@@ -1,0 +1,276 @@
+"""torch's draws for the draw step, made natively from a copy of torch's generator (``csrc/torch_draws.c``).
+
+The draw step of a batch (``batch_loader.py``) runs each sample's transforms on a :class:`pixels.Recording`, in the
+calling thread, holding the GIL: every ``torch.rand(1)``, ``torch.randint`` and ``torch.empty(1).uniform_`` that
+stock's ``get_params`` makes is a tensor made and read, 2-5 us each, 5-15 per sample. :class:`TorchDraws` holds a
+copy of torch's default CPU generator (``torch.get_rng_state()``) and makes the same draws in C, a fraction of a
+microsecond each; the run's final state is written back to torch (:meth:`TorchDraws.to_torch`), so torch's
+generator ends where stock's draws leave it.
+
+Exactness is checked, not assumed: before first use in a process, :func:`usable` compares every kind of draw
+(and the composite ``get_params`` of RandomResizedCrop, RandomCrop and ColorJitter) with the installed torch's own,
+on a private generator and on the global one (its state saved and put back). It also finds whether the installed
+torch fuses ``uniform_``'s multiply and add (its AVX2 and AVX-512 kernels do). Any difference and the draw step
+keeps torch's own draws. Per call, anything unusual (a transform's parameters that are not two plain numbers, a
+default dtype or device that is not float32 on the CPU, a value stock would reject) gives None: the caller then
+lends the state to torch (:meth:`TorchDraws.lent`) and runs stock's own ``get_params``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+#: words of a draw state: the twister's 624, then ``left`` and ``next`` as torch keeps them
+STATE_WORDS = 626
+
+#: whether the installed torch's float32 uniform_ fuses its multiply and add (found by :func:`check`)
+_fused = False
+
+
+#: ``torch.log(torch.tensor(ratio))`` by ratio: stock's float32 values, computed by torch once per ratio
+_log_ratios: dict[tuple[Any, ...], tuple[float, float] | None] = {}
+_log_ratios_lock = threading.Lock()
+
+
+def _log_ratio(ratio: Any) -> tuple[float, float] | None:
+    """``torch.log(torch.tensor(ratio))[:2]`` as stock computes it, for a ratio of two plain positive numbers; else
+    None (stock's own code then draws)."""
+    try:
+        return _log_ratios[ratio]
+    except (KeyError, TypeError):  # not seen yet, or a list
+        pass
+    key = tuple(ratio) if isinstance(ratio, (tuple, list)) else None
+    if key is None or len(key) != 2 or not all(type(v) in (int, float) and math.isfinite(v) and v > 0 for v in key):
+        return None
+    with _log_ratios_lock:
+        if key not in _log_ratios:
+            import torch
+
+            lr = torch.log(torch.tensor(key))
+            if len(_log_ratios) > 256:  # a ratio drawn per call (unusual): keep the table small
+                _log_ratios.clear()
+            _log_ratios[key] = (float(lr[0]), float(lr[1])) if lr.dtype is torch.float32 else None
+        return _log_ratios[key]
+
+
+def defaults_are_stock() -> bool:
+    """``torch.empty(1)`` is a float32 CPU tensor, as the draws here assume (a user may change both defaults)."""
+    import torch
+
+    return torch.get_default_dtype() is torch.float32 and torch.get_default_device().type == "cpu"
+
+
+class TorchDraws:
+    """A copy of torch's default generator that the draw step draws from, then hands back to torch.
+
+    Not shared between threads: one per batch run, in the thread that draws.
+    """
+
+    __slots__ = ("_n", "_st", "_template", "fused")
+
+    def __init__(self, fused: bool, n: Any) -> None:
+        """``n``: the extension module, once ``native`` has checked this kernel (``native.kernel("torch_draws")``)."""
+        import torch
+
+        self._n = n
+        self.fused = fused
+        self._st = np.empty(STATE_WORDS, np.uint32)
+        self._template = torch.get_rng_state()
+        self._n.draws_load(self._template.numpy(), self._st)
+
+    def from_torch(self) -> None:
+        """Take torch's generator state as it is now."""
+        import torch
+
+        self._template = torch.get_rng_state()
+        self._n.draws_load(self._template.numpy(), self._st)
+
+    def to_torch(self) -> None:
+        """Leave torch's generator where these draws have brought it."""
+        import torch
+
+        self._n.draws_store(self._st, self._template.numpy())
+        torch.set_rng_state(self._template)
+
+    def torch_state(self) -> Any:
+        """torch's state tensor for where these draws are (torch's generator itself untouched)."""
+        out = self._template.clone()
+        self._n.draws_store(self._st, out.numpy())
+        return out
+
+    @contextlib.contextmanager
+    def lent(self) -> Iterator[None]:
+        """Torch's own draws for a while (stock's ``get_params``), from this state and back into it."""
+        self.to_torch()
+        try:
+            yield
+        finally:
+            self.from_torch()
+
+    # -- the draws of torchvision's v1 transforms; None: stock's own code must make them (see lent) --
+
+    def below(self, p: Any) -> bool | None:
+        """``torch.rand(1) < p``."""
+        return self._n.draws_below(self._st, p)
+
+    def resized_crop(self, hw: tuple[int, int], scale: Any, ratio: Any) -> tuple[int, int, int, int] | None:
+        """``RandomResizedCrop.get_params`` on an image of ``hw``."""
+        lr = _log_ratio(ratio)
+        if lr is None:
+            return None
+        return self._n.draws_resized_crop(self._st, hw[0], hw[1], scale, ratio, lr[0], lr[1], self.fused)
+
+    def crop(self, hw: tuple[int, int], size: Any) -> tuple[int, int, int, int] | None:
+        """``RandomCrop.get_params`` on an image of ``hw`` for an output of ``size``."""
+        return self._n.draws_crop(self._st, hw[0], hw[1], size)
+
+    def jitter(self, t: Any) -> tuple[tuple[int, ...], Any, Any, Any, Any] | None:
+        """``ColorJitter.get_params(t.brightness, t.contrast, t.saturation, t.hue)``, the order as a tuple."""
+        return self._n.draws_jitter(self._st, t.brightness, t.contrast, t.saturation, t.hue, self.fused)
+
+
+def start(n: Any) -> TorchDraws | None:
+    """Native draws for a run of samples, from torch's generator as it is now (``n``: the checked extension module,
+    ``native.kernel("torch_draws")``); None: torch's own draws."""
+    return TorchDraws(_fused, n) if defaults_are_stock() else None
+
+
+def check(n: Any) -> str | None:
+    """``native``'s check of this kernel: None where every draw equals the installed torch's, else why not."""
+    global _fused
+    fused = _pick_uniform(n)
+    if fused is None:
+        return "torch's uniform_ is neither a plain nor a fused multiply-add here"
+    problem = _check_primitives(n, fused) or _check_exp() or _check_composites(n, fused)
+    if problem:
+        return problem
+    _fused = fused
+    return None
+
+
+def _state_of(n: Any, g: Any) -> np.ndarray:
+    st = np.empty(STATE_WORDS, np.uint32)
+    n.draws_load(g.get_state().numpy(), st)
+    return st
+
+
+_UNIFORM_RANGES = [(0.08, 1.0), (-0.2876821, 0.2876821), (0.6, 1.4), (-0.1, 0.1), (0.0, 1.0), (-3.5, 7.25),
+                   (0.5, 0.5), (1e-3, 2.0)]
+
+
+def _pick_uniform(n: Any) -> bool | None:
+    """Whether the installed torch's float32 ``uniform_`` fuses its multiply and add (None: neither matches)."""
+    import torch
+
+    for fused in (True, False):
+        g = torch.Generator().manual_seed(20261124)
+        st = _state_of(n, g)
+        for k in range(600):
+            a, b = _UNIFORM_RANGES[k % len(_UNIFORM_RANGES)]
+            if torch.empty(1).uniform_(a, b, generator=g).item() != n.draws_uniform(st, a, b, fused):
+                break
+        else:
+            return fused
+    return None
+
+
+def _check_primitives(n: Any, fused: bool) -> str:
+    import torch
+
+    g = torch.Generator().manual_seed(4242)
+    st = _state_of(n, g)
+    for k in range(3000):
+        kind = k % 4
+        if kind == 0:
+            a, b = _UNIFORM_RANGES[k % len(_UNIFORM_RANGES)]
+            same = torch.empty(1).uniform_(a, b, generator=g).item() == n.draws_uniform(st, a, b, fused)
+        elif kind == 1:
+            hi = (2, 3, 97, 1025, (1 << 28) - 1, (1 << 28) + 3, 1 << 40)[k % 7]
+            same = torch.randint(0, hi, (1,), generator=g).item() == n.draws_randint(st, 0, hi)
+        elif kind == 2:
+            m = 1 + k % 8
+            same = tuple(torch.randperm(m, generator=g).tolist()) == n.draws_randperm(st, m)
+        else:
+            p = (0.5, 0.1, 0.3, 0.9, 0.0, 1.0)[k % 6]
+            same = bool(torch.rand(1, generator=g) < p) == n.draws_below(st, p)
+        if not same:
+            return f"torch's draws differ from the native ones (kind {kind}, draw {k})"
+    back = g.get_state().clone()
+    n.draws_store(st, back.numpy())
+    if not torch.equal(back, g.get_state()):
+        return "torch's generator state after the draws differs from the native one"
+    return ""
+
+
+def _check_exp() -> str:
+    """torch's float32 exp of one value is within one float of the correctly rounded one (the crop's draws allow
+    two either side, and let torch draw where that could change the crop)."""
+    import torch
+
+    g = torch.Generator().manual_seed(77)
+    u = torch.empty(512).uniform_(-1.5, 1.5, generator=g)
+    for x in u:
+        got = torch.exp(x.reshape(1)).item()
+        exact = float(np.float32(math.exp(float(x))))
+        if got != exact and abs(got - exact) > 1.01 * abs(np.spacing(np.float32(exact))):
+            return "torch's exp is further than one float from the correctly rounded value"
+    return ""
+
+
+def _check_composites(n: Any, fused: bool) -> str:
+    """Stock's ``get_params`` on the global generator (its state saved and put back) against the native ones, each
+    from the same state; and the states after them."""
+    import torch
+    from torchvision import transforms as T
+
+    saved = torch.get_rng_state()
+    try:
+        torch.manual_seed(31337)
+        draws = TorchDraws(fused, n)
+        jitter = T.ColorJitter(0.4, 0.4, 0.4, 0.1)
+        sizes = [(375, 500), (500, 333), (64, 64), (1200, 90), (31, 415)]
+        for k in range(400):
+            h, w = sizes[k % len(sizes)]
+            img = torch.empty(1, h, w)  # get_params reads only the size
+            scale, ratio = ((0.08, 1.0), (3 / 4, 4 / 3)) if k % 3 else ((0.5, 0.9), (0.2, 5.0))
+            mine = draws.resized_crop((h, w), scale, ratio)  # torch's generator is where the copy started
+            if mine is None:  # the state as it was: torch draws this one
+                with draws.lent():
+                    T.RandomResizedCrop.get_params(img, list(scale), list(ratio))
+            else:
+                stock = T.RandomResizedCrop.get_params(img, list(scale), list(ratio))
+                if tuple(stock) != tuple(mine) or not _same_state(draws):
+                    return f"RandomResizedCrop's draws differ from stock's ({tuple(stock)} against {tuple(mine)})"
+            mine_j = draws.jitter(jitter)
+            order, *factors = T.ColorJitter.get_params(jitter.brightness, jitter.contrast, jitter.saturation,
+                                                       jitter.hue)
+            if mine_j is None or tuple(order.tolist()) != mine_j[0] or tuple(factors) != tuple(mine_j[1:]):
+                return "ColorJitter's draws differ from stock's"
+            if not _same_state(draws):
+                return "ColorJitter's draws leave torch's generator elsewhere"
+            crop = (min(h, 24), min(w, 32))
+            mine_c = draws.crop((h, w), crop)
+            stock_c = T.RandomCrop.get_params(img, crop)
+            if mine_c is None or tuple(stock_c) != tuple(mine_c) or not _same_state(draws):
+                return "RandomCrop's draws differ from stock's"
+            p = (0.5, 0.1, 0.3)[k % 3]
+            mine_b = draws.below(p)
+            if bool(torch.rand(1) < p) != mine_b or not _same_state(draws):
+                return "torch.rand(1) < p differs from the native draw"
+    finally:
+        torch.set_rng_state(saved)
+    return ""
+
+
+def _same_state(draws: TorchDraws) -> bool:
+    """torch's generator, after stock's draws, is where the native draws brought their copy."""
+    import torch
+
+    now = torch.get_rng_state()
+    return torch.equal(now, draws.torch_state())

@@ -1,0 +1,257 @@
+"""torch's draws made natively (``vision/torch_draws.py``, ``csrc/torch_draws.c``): every draw, and the generator's
+state after it, equal the installed torch's own; the draw step of a batch uses them, and its batches and generator
+states stay stock's, also where a draw falls back to torch's own code or stock raises.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms as T
+from _rng import rng_differences, rng_state, seed_all
+from torch.utils.data import DataLoader
+
+import nano_patch
+from nano_patch.vision import native, torch_draws
+
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+@pytest.fixture(scope="module")
+def mod():
+    if not native.available("torch_draws"):
+        pytest.fail(f"the native draws are not used here: {native.state()['torch_draws']}")
+    return native.kernel("torch_draws")
+
+
+def _copy(mod, g: torch.Generator) -> np.ndarray:
+    st = np.empty(torch_draws.STATE_WORDS, np.uint32)
+    mod.draws_load(g.get_state().numpy(), st)
+    return st
+
+
+def _same_state(mod, st: np.ndarray, g: torch.Generator) -> bool:
+    mine = g.get_state().clone()
+    mod.draws_store(st, mine.numpy())
+    return torch.equal(mine, g.get_state())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2024, 2**40 + 3])
+def test_uniform_randint_randperm_and_rand_equal_torch_and_leave_its_state(mod, seed):
+    g = torch.Generator().manual_seed(seed)
+    st = _copy(mod, g)
+    fused = torch_draws._fused
+    for k in range(1500):  # past the twister's 624 words several times
+        a, b = [(0.08, 1.0), (-0.28768, 0.28768), (0.6, 1.4), (-0.5, 0.5), (3.0, 3.0), (-1e6, 1e6)][k % 6]
+        assert torch.empty(1).uniform_(a, b, generator=g).item() == mod.draws_uniform(st, a, b, fused)
+        hi = [1, 2, 7, 500, 1 << 27, (1 << 28) + 1, 1 << 45][k % 7]
+        assert torch.randint(0, hi, (1,), generator=g).item() == mod.draws_randint(st, 0, hi)
+        assert torch.randint(-5, hi, (1,), generator=g).item() == mod.draws_randint(st, -5, hi)
+        n = 1 + k % 12
+        assert tuple(torch.randperm(n, generator=g).tolist()) == mod.draws_randperm(st, n)
+        p = [0.5, 0.1, 0.3, 0.7, 1.0, 0.0][k % 6]
+        assert bool(torch.rand(1, generator=g) < p) == mod.draws_below(st, p)
+    assert _same_state(mod, st, g)
+
+
+def test_the_state_goes_in_and_out_unchanged(mod):
+    g = torch.Generator().manual_seed(99)
+    torch.rand(700, generator=g)  # left and next part-way through the words
+    torch.randn(3, generator=g)  # a cached normal sample the draws must keep
+    st = _copy(mod, g)
+    out = torch.zeros_like(g.get_state())
+    out.copy_(g.get_state())
+    out[8:12] = 0  # left, next and the first words: what the store writes back
+    out[16:40] = 0
+    mod.draws_store(st, out.numpy())
+    assert torch.equal(out, g.get_state())
+
+
+def test_a_state_torch_would_not_take_is_refused(mod):
+    st = np.zeros(torch_draws.STATE_WORDS, np.uint32)  # left 0: not a state torch ever has
+    with pytest.raises(ValueError, match="not a valid generator state"):
+        mod.draws_uniform(st, 0.0, 1.0, False)
+    with pytest.raises(ValueError, match="626 words|2504 bytes"):
+        mod.draws_uniform(np.zeros(10, np.uint32), 0.0, 1.0, False)
+
+
+SIZES = [(375, 500), (500, 375), (1, 1), (2, 900), (900, 2), (64, 64), (3000, 17), (33, 4000)]
+SCALES_RATIOS = [((0.08, 1.0), (3 / 4, 4 / 3)), ((0.9, 1.0), (0.1, 10.0)), ((0.5, 0.5), (1.0, 1.0)),
+                 ((0.01, 0.02), (2.0, 3.0)), ((1, 1), (1, 1))]
+
+
+def test_resized_crop_draws_equal_stock_get_params_from_the_same_state(mod):
+    seed_all(5)
+    draws = torch_draws.TorchDraws(torch_draws._fused, mod)
+    native_made = 0
+    for k in range(3000):
+        h, w = SIZES[k % len(SIZES)]
+        scale, ratio = SCALES_RATIOS[k % len(SCALES_RATIOS)]
+        mine = draws.resized_crop((h, w), scale, ratio)
+        if mine is None:  # the copy is where it was: torch draws this one
+            with draws.lent():
+                T.RandomResizedCrop.get_params(torch.empty(1, h, w), list(scale), list(ratio))
+            continue
+        native_made += 1
+        assert tuple(T.RandomResizedCrop.get_params(torch.empty(1, h, w), list(scale), list(ratio))) == mine
+        assert torch.equal(draws.torch_state(), torch.get_rng_state())
+    assert native_made > 2900
+
+
+def test_jitter_and_crop_draws_equal_stock(mod):
+    seed_all(6)
+    draws = torch_draws.TorchDraws(torch_draws._fused, mod)
+    jitters = [T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.ColorJitter(brightness=0.2), T.ColorJitter(hue=0.5),
+               T.ColorJitter(contrast=(0.1, 3.0), saturation=(0.0, 0.0))]
+    for k in range(1000):
+        j = jitters[k % len(jitters)]
+        order, *factors = draws.jitter(j)
+        stock_order, *stock_factors = T.ColorJitter.get_params(j.brightness, j.contrast, j.saturation, j.hue)
+        assert order == tuple(stock_order.tolist()) and tuple(factors) == tuple(stock_factors)
+        h, w = SIZES[k % len(SIZES)]
+        size = (max(1, h // 2), max(1, w // 3)) if k % 5 else (h, w)  # the whole image: stock draws nothing
+        assert draws.crop((h, w), size) == T.RandomCrop.get_params(torch.empty(1, h, w), size)
+        assert torch.equal(draws.torch_state(), torch.get_rng_state())
+
+
+@pytest.mark.parametrize("bad", [
+    ("resized_crop", ((10, 10), (1.0, 0.5), (0.75, 1.33))),  # scale reversed: stock's uniform_ raises
+    ("resized_crop", ((10, 10), (0.1, math.nan), (0.75, 1.33))),
+    ("resized_crop", ((10, 10), [0.1, 0.5, 0.9], (0.75, 1.33))),  # three numbers: stock reads two
+    ("resized_crop", ((10, 10), (0.1, 1.0), (-1.0, 1.33))),  # a negative ratio: stock's log is NaN
+    ("crop", ((10, 10), (11, 5))),  # larger than the image: stock raises ValueError
+    ("below", (torch.tensor(0.5),)),  # a tensor p: torch's own promotion
+    ("below", (True,)),
+])
+def test_what_the_native_draws_do_not_make_is_left_to_stock_with_the_state_untouched(mod, bad):
+    seed_all(7)
+    draws = torch_draws.TorchDraws(torch_draws._fused, mod)
+    before = draws.torch_state()
+    name, args = bad
+    assert getattr(draws, name)(*args) is None
+    assert torch.equal(draws.torch_state(), before)
+
+
+def test_a_float64_default_dtype_keeps_torch_s_own_draws(mod):
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert torch_draws.start(mod) is None  # torch.empty(1) is float64 now: its uniform_ draws 64 bits
+    finally:
+        torch.set_default_dtype(old)
+    assert torch_draws.start(mod) is not None
+
+
+# -- the draw step of a batch --
+
+PIPELINES = {
+    "pets": lambda: T.Compose([T.RandomResizedCrop(96), T.RandomHorizontalFlip(), T.ColorJitter(0.4, 0.4, 0.4, 0.1),
+                               T.ToTensor(), T.Normalize(MEAN, STD)]),
+    "crops, flips, greys": lambda: T.Compose([T.Resize(130), T.RandomCrop(112), T.RandomVerticalFlip(0.3),
+                                              T.RandomGrayscale(0.4), T.RandomHorizontalFlip(), T.PILToTensor()]),
+}
+
+
+def _count(folder) -> int:
+    from torchvision.datasets import ImageFolder
+
+    return len(ImageFolder(str(folder)))
+
+
+def _epochs(folder, make, epochs=2):
+    from torchvision.datasets import ImageFolder
+
+    seed_all(11)
+    loader = DataLoader(ImageFolder(str(folder), transform=make()), batch_size=4, shuffle=True, num_workers=0)
+    out = []
+    for _ in range(epochs):
+        out.append([(x.clone(), y.clone()) for x, y in loader])
+        out.append(rng_state())
+    return out
+
+
+def _assert_equal(stock, patched):
+    for want, got in zip(stock, patched, strict=True):
+        if isinstance(want, tuple):
+            assert rng_differences(got, want) == []
+            continue
+        for (wx, wy), (gx, gy) in zip(want, got, strict=True):
+            assert wx.dtype == gx.dtype and wx.stride() == gx.stride() and torch.equal(wx, gx) and torch.equal(wy, gy)
+
+
+@pytest.fixture
+def native_runs(monkeypatch):
+    """Counts the batch runs whose draws were made natively, and the draws each kind made."""
+    made = {"runs": 0, "resized_crop": 0, "crop": 0, "jitter": 0, "below": 0}
+    real_start = torch_draws.start
+
+    def start(n):
+        d = real_start(n)
+        made["runs"] += d is not None
+        return d
+
+    monkeypatch.setattr(torch_draws, "start", start)
+    for name in ("resized_crop", "crop", "jitter", "below"):
+        real = getattr(torch_draws.TorchDraws, name)
+
+        def counted(self, *args, _real=real, _name=name):
+            got = _real(self, *args)
+            made[_name] += got is not None
+            return got
+
+        monkeypatch.setattr(torch_draws.TorchDraws, name, counted)
+    return made
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_a_batch_drawn_natively_equals_stock(image_folder, native_runs, name):
+    stock = _epochs(image_folder, PIPELINES[name])
+    nano_patch.patch_torch(loader_threads=2)
+    _assert_equal(stock, _epochs(image_folder, PIPELINES[name]))
+    n = _count(image_folder)
+    assert native_runs["runs"] >= 2 * math.ceil(n / 4)  # every batch of both epochs
+    if name == "pets":  # every sample's crop, jitter and flip
+        assert native_runs["resized_crop"] == native_runs["jitter"] == native_runs["below"] == 2 * n
+    else:  # its crop, and the two flips and the grey
+        assert native_runs["crop"] == 2 * n and native_runs["below"] == 3 * 2 * n
+
+
+def test_draws_torch_must_make_run_stock_s_code_in_place(image_folder, monkeypatch):
+    """Every third crop is left to stock's get_params (as for a value the native draws cannot be sure of): the
+    batches and states are still stock's."""
+    stock = _epochs(image_folder, PIPELINES["pets"])
+    real = torch_draws.TorchDraws.resized_crop
+    calls = []
+
+    def sometimes(self, *args):
+        calls.append(1)
+        return None if len(calls) % 3 == 0 else real(self, *args)
+
+    monkeypatch.setattr(torch_draws.TorchDraws, "resized_crop", sometimes)
+    nano_patch.patch_torch(loader_threads=2)
+    _assert_equal(stock, _epochs(image_folder, PIPELINES["pets"]))
+    assert len(calls) == 2 * _count(image_folder)
+
+
+def test_stock_s_error_from_a_draw_is_raised_at_its_sample(image_folder):
+    """A reversed scale: stock's uniform_ raises RuntimeError at the first sample; the patched batch too."""
+    def make():
+        return T.Compose([T.RandomResizedCrop(64, scale=(1.0, 0.5)), T.ToTensor()])
+
+    with pytest.warns(UserWarning):
+        errors = []
+        for patched in (False, True):
+            if patched:
+                nano_patch.patch_torch(loader_threads=2)
+            seed_all(3)
+            from torchvision.datasets import ImageFolder
+
+            loader = DataLoader(ImageFolder(str(image_folder), transform=make()), batch_size=4)
+            with pytest.raises(RuntimeError) as info:
+                next(iter(loader))
+            errors.append((str(info.value), rng_state()))
+    assert errors[0][0] == errors[1][0]
+    assert rng_differences(errors[1][1], errors[0][1]) == []
