@@ -284,7 +284,12 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
                 # stock's; they load one by one, and so does every later batch of this dataset
                 _mark_one_by_one(dataset, "its target_transform draws from the global random generators")
                 stale = True
-        out.append((rendered.sample, target))
+        sample = rendered.sample
+        if job.recording is not None and job.recording.erasures is not None:
+            from ..data import device_tail
+
+            sample = device_tail.ErasedImage(sample, job.recording.erasures)  # the tail is left to the device
+        out.append((sample, target))
         committed = j + 1
     if stop is not None:
         if stop.error is not None:
