@@ -4,8 +4,9 @@ before its pixels are rendered on the loader's threads.
 Two parts, timed apart, per image, over an ImageFolder of real-photo JPEGs (``examples/make_photo_folder.py``),
 with the decoded-image cache off and warm (filled by a first pass):
 
-- ``source``: the sample's size and the cache's lookup (``vision/batch_loader.py``'s ``_source``): the JPEG header and
-  PIL's open checks with the cache off; the key and the entry with it warm;
+- ``source``: the sample's size and the cache's lookup (``vision/batch_loader.py``'s ``_source``): with the cache
+  off, the header index's answer for a file seen before (a ``stat``), else the JPEG header and PIL's open checks;
+  the key and the entry with it warm;
 - ``draw``: ``_source`` and the plan's draws on a Recording (``_draw``), pipelines pets, (b) and (c): with torch's
   own draws (``draw_torch``), and with torch's draws made natively from a copy of its generator, as the batch
   path makes them (``draw_native``, ``vision/torch_draws.py``).
@@ -58,6 +59,8 @@ extra = ()
 if "index" in inspect.signature(batch_loader._source).parameters:  # the in-memory index of the dataset's files
     from nano_patch.vision import file_index
     extra = (file_index.for_dataset(ds) if store is not None else None,)
+    if "headers" in inspect.signature(batch_loader._source).parameters:  # and, uncached, of their JPEG headers
+        extra += (file_index.headers_for(ds),)
 out = {}
 gc.disable()  # as timeit: a collection of the whole heap (torch's objects) would land on one pass or another
 for part in ("source", "draw_torch", "draw_native"):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 ENV_PREFIX = "NANO_PATCH_"
@@ -230,19 +230,7 @@ def validate(name: str, value: Any, source: str = "argument") -> Any:
         raise ConfigError(f"unknown nano-patch option {name!r}; accepted options: {', '.join(FIELDS)}")
     if name in BOOLEAN_FIELDS:
         return _bool(name, value, source)
-    if name == "num_processes":
-        return _num_processes(value, source)
-    if name == "cpu_for_each_process":
-        return _cores(value, source)
-    if name == "precision":
-        return normalise_precision(value, source)
-    if name == "cache_decoded":
-        return _cache_decoded(value, source)
-    if name == "cache_dir":
-        return _cache_dir(value, source)
-    if name == "loader_threads":
-        return _loader_threads(value, source)
-    return _auto_lr(value, source)
+    return _VALIDATORS[name](value, source)
 
 
 def _loader_threads(value: Any, source: str) -> int | str:
@@ -293,3 +281,15 @@ def from_json(text: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{STARTUP_ENV} must hold a JSON object, got {text!r}")
     return data
+
+
+#: The validator of each option that is not a plain bool.
+_VALIDATORS: dict[str, Callable[[Any, str], Any]] = {
+    "num_processes": _num_processes,
+    "cpu_for_each_process": _cores,
+    "precision": normalise_precision,
+    "cache_decoded": _cache_decoded,
+    "cache_dir": _cache_dir,
+    "loader_threads": _loader_threads,
+    "auto_lr": _auto_lr,
+}

@@ -304,18 +304,18 @@ def test_fallback_rule_equals_pils(limit, monkeypatch):
 
 
 def test_only_headers_without_exif_or_mpf_skip_pils_open(files):
-    """``_plain_open`` (the arithmetic check alone) only for headers whose PIL open cannot warn otherwise."""
+    """``plain_open`` (the arithmetic check alone) only for headers whose PIL open cannot warn otherwise."""
     from nano_patch.vision import decode
 
     def data(name):
         return next(Path(files[name]).rglob("*.jpg")).read_bytes()
 
-    assert decode._plain_open(data("photo")) and decode._plain_open(data("big10000"))
+    assert decode.plain_open(data("photo")) and decode.plain_open(data("big10000"))
     for name in ("exif", "mpo", "mpo_bad"):
-        assert not decode._plain_open(data(name)), name
+        assert not decode.plain_open(data(name)), name
     photo = data("photo")
-    assert not decode._plain_open(photo[:2] + b"\x00junk" + photo[2:])  # anything odd: PIL decides
-    assert not decode._plain_open(photo[:200])  # no scan reached
+    assert not decode.plain_open(photo[:2] + b"\x00junk" + photo[2:])  # anything odd: PIL decides
+    assert not decode.plain_open(photo[:200])  # no scan reached
 
 
 def test_decoded_cache_fill_and_hits_as_stock(files, tmp_path):

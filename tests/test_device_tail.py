@@ -108,6 +108,36 @@ def test_num_workers_0_defers_too(image_folder, monkeypatch, kind):
     assert ds[0][0].dtype == torch.float32  # dataset[i] outside the loader's next() stays stock
 
 
+@pytest.mark.parametrize(("kind", "erase"), [("v1", "random"), ("v1", "zero"), ("v2-image", "random"),
+                                            ("v2-piltotensor", "sequence")])
+def test_num_workers_0_defers_an_erasing_tail_with_its_draws_in_the_batch_path(image_folder, monkeypatch, kind,
+                                                                                erase):
+    """num_workers=0: the batch's draw step makes each sample's erasers' draws after its other draws, as stock
+    does; the samples render on the loader's threads (v1); the batches after the transfer, and the generator
+    after the run, are stock's."""
+    from nano_patch.data import loader_pool
+
+    ds = _dataset(image_folder, _pipeline(kind, erase, p=0.6))
+    stock = _load(ds, 0)
+    stock_state = torch.get_rng_state()
+    nano_patch.patch_torch(loader_threads=2)
+    threaded = []
+    real = loader_pool.map_outcomes
+
+    def counted(fn, items, n_threads, state=None):
+        items = list(items)
+        threaded.append(len(items))
+        return real(fn, items, n_threads, state)
+
+    monkeypatch.setattr(loader_pool, "map_outcomes", counted)
+    _assert_same(stock, _deferred_then_moved(ds, 0, monkeypatch))
+    assert torch.equal(torch.get_rng_state(), stock_state)
+    if kind.startswith("v1"):  # every batch on the batch path, every sample in it
+        assert threaded == [len(b[1]) for b in stock]
+    else:  # v2's Compose loads one by one (it is not on the batch path): still deferred, still stock's
+        assert threaded == []
+
+
 def test_erasing_values_and_rectangles_drawn_from_stocks_generators(image_folder, monkeypatch):
     """The erasers' draws are made in the worker, in stock's order: rectangles and normal values are stock's, and
     each next sample's crop (drawn after them from the same generator) is stock's too."""

@@ -169,3 +169,106 @@ def test_a_hit_from_the_index_still_applies_stocks_size_rule(tmp_path, photos, s
             source.load(store, p, index=index)
     finally:
         Image.MAX_IMAGE_PIXELS = old
+
+
+# -- the header index: where images are not cached, a seen plain JPEG's size without reading it in the draw --
+
+def _epoch(ds, seed: int = 0) -> list:
+    import torch
+
+    torch.manual_seed(seed)
+    return [(x.clone(), y.clone()) for x, y in DataLoader(ds, batch_size=3, shuffle=True)]
+
+
+def _headers_tf():
+    return T.Compose([T.RandomResizedCrop(48), T.RandomHorizontalFlip(), T.ToTensor()])
+
+
+def _stock_epochs(root, epochs: int) -> list:
+    ds = ImageFolder(str(root), transform=_headers_tf())
+    return [_epoch(ds, seed) for seed in range(epochs)]
+
+
+def _same(a: list, b: list) -> bool:
+    import torch
+
+    return len(a) == len(b) and all(torch.equal(x, u) and torch.equal(y, v) for (x, y), (u, v) in zip(a, b))
+
+
+def test_without_the_cache_a_seen_jpeg_is_not_read_in_the_draw(tmp_path, photos, monkeypatch):
+    """Epoch 1 reads each file in the draw and indexes it; epoch 2 takes its size from the index (the render reads
+    it): the batches are stock's in both."""
+    from nano_patch.vision import batch_loader, decode
+
+    root = _folder(tmp_path / "f", photos, "jpg")
+    stock = _stock_epochs(root, 2)
+    nano_patch.patch_torch(loader_threads=2, cache_decoded="off")
+    ds = ImageFolder(str(root), transform=_headers_tf())
+    in_draw, reads = [False], []
+    real_read, real_source = decode.read_bytes, batch_loader._source
+
+    def read_bytes(path):
+        reads.append(in_draw[0])
+        return real_read(path)
+
+    def source(*args):
+        in_draw[0] = True
+        try:
+            return real_source(*args)
+        finally:
+            in_draw[0] = False
+
+    monkeypatch.setattr(decode, "read_bytes", read_bytes)
+    monkeypatch.setattr(batch_loader, "_source", source)
+    assert _same(_epoch(ds, 0), stock[0])
+    assert len(file_index.headers_for(ds)) == len(ds) and reads == [True] * len(ds)
+    reads.clear()
+    assert _same(_epoch(ds, 1), stock[1])
+    assert reads == [False] * len(ds)  # every file read once, in the render, none in the draw
+
+
+def test_a_file_changed_after_it_was_indexed_is_read_again(tmp_path, photos):
+    """A file rewritten with another photo (other size), or truncated, after epoch 1: epoch 2 gives stock's pixels,
+    or stock's error at stock's sample."""
+    root = _folder(tmp_path / "f", photos, "jpg")
+    nano_patch.patch_torch(loader_threads=2, cache_decoded="off")
+    ds = ImageFolder(str(root), transform=_headers_tf())
+    _epoch(ds, 0)
+    victim = ds.samples[1][0]
+    photos[0].resize((123, 77)).save(victim)  # another image, another size
+    nano_patch.unpatch_torch()
+    stock = _stock_epochs(root, 2)[1]
+    nano_patch.patch_torch(loader_threads=2, cache_decoded="off")
+    assert _same(_epoch(ds, 1), stock)
+    data = open(victim, "rb").read()
+    with open(victim, "wb") as f:
+        f.write(data[: len(data) // 2])  # truncated: stock's decode raises OSError
+    nano_patch.unpatch_torch()
+    with pytest.raises(OSError) as want:
+        _stock_epochs(root, 3)
+    nano_patch.patch_torch(loader_threads=2, cache_decoded="off")
+    with pytest.raises(OSError) as got:
+        for seed in range(3):
+            _epoch(ds, seed)
+    assert str(got.value) == str(want.value)
+
+
+def test_the_header_index_keeps_stocks_size_rule_on_every_open(tmp_path, photos, monkeypatch):
+    """A lowered MAX_IMAGE_PIXELS: stock warns at every open of a large image, every epoch; so does the patch
+    where the index answered."""
+    import warnings
+
+    root = _folder(tmp_path / "f", photos, "jpg")
+    biggest = max(im.width * im.height for im in photos)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", biggest - 1)
+
+    def warned(run) -> int:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            run()
+        return sum(issubclass(w.category, Image.DecompressionBombWarning) for w in seen)
+
+    stock = warned(lambda: _stock_epochs(root, 2))
+    nano_patch.patch_torch(loader_threads=2, cache_decoded="off")
+    ds = ImageFolder(str(root), transform=_headers_tf())
+    assert stock > 0 and warned(lambda: [_epoch(ds, s) for s in range(2)]) == stock

@@ -97,6 +97,8 @@ class DataLoaderPatch(Patch):
             defer, _ = device_tail.decide(instance, tail, instance.num_workers > 0)
             if defer and spec is None:  # num_workers=0: this thread's draws stop before the tail
                 spec, here = tail, uint8_batches.uint8_transform(instance.dataset)[0]
+                if spec.erasers:
+                    uint8_batches.register_collate()  # the samples are ErasedImage: the erasers' draws ride along
             else:
                 here = None
             if spec is not None:

@@ -111,8 +111,6 @@ def decide(loader: Any, spec: Any, workers: bool) -> tuple[bool, str]:
     if why is None and spec is None:
         why = ("its batches are not the patch's uint8 batches (the dataset, its transform or the collate_fn is "
                "not one the patch knows)")
-    if why is None and not workers and spec.erasers:
-        why = "RandomErasing with num_workers=0: its draws stay in the loader's draw step (float batches)"
     deferred = why is None
     if why is None:
         why = f"{spec.describe()} runs on the device after the transfer (uint8 batches)"

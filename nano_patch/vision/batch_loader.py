@@ -190,10 +190,13 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
     stats = report.stats
     store = cache.store_for(dataset)
     index = file_index.for_dataset(dataset) if store is not None else None
+    with_info = loading.needs_info(transform)
+    # sizes from the header index where the images are not cached (a sample that is an image needs its
+    # file's info, read in the draw: those take the full path)
+    headers = file_index.headers_for(dataset) if not with_info else None
     the_plan = compose_plan.plan_for(transform) if transform is not None else None
     crop_window = the_plan is not None and the_plan.crop_first and native.available("crop_decode")
     beyond = _draws_beyond_torch(the_plan) or target_transform is not None
-    with_info = loading.needs_info(transform)
     start = time.perf_counter()
     jobs: list[Job] = []
     # The generators before each sample's draws: kept per sample only where a target_transform needs them (a kept
@@ -220,7 +223,7 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
             path = entries[k][0]
             states = _states(beyond) if before is not None else None
             try:
-                job = _source(path, store, crop_window, index)
+                job = _source(path, store, crop_window, index, headers)
                 if with_info:
                     job.info = decode.image_info(path, job.data)
             except _GuardRaised as raised:
@@ -284,7 +287,12 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
                 # stock's; they load one by one, and so does every later batch of this dataset
                 _mark_one_by_one(dataset, "its target_transform draws from the global random generators")
                 stale = True
-        out.append((rendered.sample, target))
+        sample = rendered.sample
+        if job.recording is not None and job.recording.erasures is not None:
+            from ..data import device_tail
+
+            sample = device_tail.ErasedImage(sample, job.recording.erasures)  # the tail is left to the device
+        out.append((sample, target))
         committed = j + 1
     if stop is not None:
         if stop.error is not None:
@@ -306,6 +314,8 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
 
 def _one_reusing(one: Callable[[int], Any], k: int, job: Job) -> Any:
     """``one(k)``, its file's open stage not run again (it ran when ``job`` was made: PIL's warnings were given)."""
+    if job.data is None and job.kind != ARRAY:
+        job.data = decode.read_bytes(job.path)  # the header index answered its draw: its bytes, read now
     with decode.reusing_open(job.path, job.data, job.array if job.kind == ARRAY else None, job.info):
         return one(k)
 
@@ -351,14 +361,22 @@ def _draw_again(job: Job, transform: Any) -> None:
         compose_call.run_compose(transform, compose_plan.Recording(hw))
 
 
-def _source(path: Any, store: cache.Store | None, crop_window: bool, index: file_index.FileIndex | None = None
-            ) -> Job:
+def _source(path: Any, store: cache.Store | None, crop_window: bool, index: file_index.FileIndex | None = None,
+            headers: file_index.HeaderIndex | None = None) -> Job:
     """Where the sample's pixels come from (``source.look_up``: a cache hit, a miss to decode and store, or no
-    cache), and, for a JPEG to decode, its size from the header, after PIL's open checks."""
+    cache), and, for a JPEG to decode, its size from the header, after PIL's open checks. ``headers``: where the
+    image is not cached, the dataset's index of plain JPEGs' sizes (the file is then read on the render's thread).
+    """
     found = source.look_up(store, path, index=index, size_rule=lambda h, w: _guard(decode.check_size, h, w))
     if found.kind == source.HIT:  # stock's size rule applied, as its open of the file
         return Job(ARRAY, path, None, array=found.array)
     material = found.material  # a miss to store, or None
+    if material is None and headers is not None:
+        indexed = headers.size_of(path)
+        if indexed is not None:  # a plain, whole JPEG, unchanged: its open checks come down to the size rule
+            _guard(decode.check_size, *indexed)
+            return Job(JPEG_WINDOW if crop_window else DECODE, path, None, size=indexed)
+    identity = file_index.identity_of(path) if material is None and headers is not None else None
     data = decode.read_bytes(path)
     size = decode.jpeg_size(data)
     # PIL's guards on the header, in this thread, in stock's order (before this sample's draws)
@@ -368,6 +386,8 @@ def _source(path: Any, store: cache.Store | None, crop_window: bool, index: file
         raise _OneByOne("a truncated JPEG")
     if size is not None and not _guard(decode.check_open, data, *size, path):
         size = None  # PIL's open rejects the bytes: PIL decodes the file below and raises stock's error
+    if identity is not None and size is not None and decode.plain_open(data):
+        headers.add(path, identity, size)  # (stat'ed before it was read: a later change is seen)
     if size is None:
         # not a JPEG libjpeg-turbo takes like PIL: PIL decodes it now, in this thread, as one by one
         start = time.perf_counter()
@@ -380,9 +400,21 @@ def _source(path: Any, store: cache.Store | None, crop_window: bool, index: file
     return Job(DECODE, path, None, data=data, size=size, material=material)
 
 
+def _read_indexed(job: Job) -> None:
+    """The bytes of a JPEG the header index answered for (on the render's thread): still the whole, plain JPEG of
+    the size the draw used, or :class:`compose_plan.RenderFailed` (the sample then loads one by one, from stock's
+    state before it)."""
+    data = decode.read_bytes(job.path)
+    if decode.jpeg_size(data) != tuple(job.size) or decode.looks_truncated(data):
+        raise compose_plan.RenderFailed("the file changed after its size was read")
+    job.data = data
+
+
 def _render(job: Job) -> Rendered:
     start = time.perf_counter()
     decoded, reproducible, decode_s = None, False, 0.0
+    if job.data is None and job.kind != ARRAY:
+        _read_indexed(job)
     if job.kind == JPEG_WINDOW and job.native is not None:
         sample = oprunner.run_jpeg(job.native, job.data, job.size, job.path)
         return Rendered(sample, None, False, 0.0, time.perf_counter() - start)

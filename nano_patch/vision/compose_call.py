@@ -124,6 +124,11 @@ def run_compose(compose: Any, img: Any, *, skip: int = 0) -> Any:
     from ..data import device_tail
 
     out = compose_plan.run(device_tail.prefix_compose(compose, spec), img, skip=skip, uint8_tail=True)
-    if isinstance(out, compose_plan.Recording):  # the erasers' draws belong to the draw step: not deferred there
-        raise compose_plan.NotSplittable("RandomErasing after a tail left to the device")
+    if isinstance(out, compose_plan.Recording):
+        # the draw step of a batch: the erasers draw now, after this sample's other draws as on stock, from the
+        # size and channels the recording ends in; the render's uint8 image is then wrapped with them
+        shape = (1 if out.mode == "L" else 3, *out.hw)
+        with out.draws.lent() if out.draws is not None else contextlib.nullcontext():
+            out.erasures = device_tail.draw_erasures(compose, spec, shape)
+        return out
     return device_tail.uint8_sample(compose, spec, out)

@@ -26,6 +26,7 @@ The code is split as torchvision splits ``get_params`` from ``functional``:
 from __future__ import annotations
 
 import contextlib
+import operator
 import threading
 import weakref
 from collections.abc import Callable
@@ -141,7 +142,11 @@ def _is_stock(t: Any, name: str) -> bool:
     cls = _CLASSES.get(name)
     if cls is None or type(t) is not cls:
         return False
-    return all(vars(cls).get(m) is f for m, f in _STOCK_METHODS[cls].items())
+    own = vars(cls)
+    for m, f in _STOCK_METHODS[cls].items():  # noqa: SIM110 - a loop, not all(genexpr): it runs per step per sample
+        if own.get(m) is not f:
+            return False
+    return True
 
 
 # --- the tensor tail ---------------------------------------------------------------------------
@@ -260,7 +265,7 @@ class Plan:
         return bool(self.runners) and all(i in covered or r in NATIVE_DRAWS for i, r in enumerate(self.runners))
 
     def matches(self, items: list[Any]) -> bool:
-        return len(items) == len(self.items) and all(a is b for a, b in zip(items, self.items))
+        return len(items) == len(self.items) and all(map(operator.is_, items, self.items))
 
     def describe(self) -> list[str]:
         """What runs where, one entry per transform (for tests and the docs)."""

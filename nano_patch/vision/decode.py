@@ -60,11 +60,11 @@ def check_size(height: int, width: int) -> None:
 
 
 # Markers PIL's JPEG open reads with a 2-byte length and no warning of its own: the SOFs (not 0xC8),
-# DHT, DAC, DQT, DRI, APP0-APP15 and COM. Anything else makes PIL's own open run (see _plain_open).
+# DHT, DAC, DQT, DRI, APP0-APP15 and COM. Anything else makes PIL's own open run (see plain_open).
 _LENGTH_MARKERS = frozenset([*range(0xC0, 0xC8), *range(0xC9, 0xD0), 0xDB, 0xDD, *range(0xE0, 0xF0), 0xFE])
 
 
-def _plain_open(data: bytes) -> bool:
+def plain_open(data: bytes) -> bool:
     """True when stock's ``Image.open`` of this JPEG can warn of nothing but its size.
 
     PIL's JPEG open warns from two places besides the bomb check: its parse of an APP1 "Exif" segment
@@ -159,10 +159,10 @@ def image_info(path: Any, data: bytes | None = None) -> dict[Any, Any]:
     if data is None:
         with open(path, "rb") as f:
             data = f.read(1 << 16)
-        if not (data.startswith(_JPEG_SOI) and _plain_open(data)):
+        if not (data.startswith(_JPEG_SOI) and plain_open(data)):
             data = read_bytes(path)
     try:
-        if data.startswith(_JPEG_SOI) and _plain_open(data):
+        if data.startswith(_JPEG_SOI) and plain_open(data):
             from PIL import JpegImagePlugin
 
             return dict(JpegImagePlugin.JpegImageFile(io.BytesIO(data)).info)
@@ -184,7 +184,7 @@ def check_open(data: bytes, height: int, width: int, path: Any = None) -> bool:
     entry = getattr(_reused, "entry", None)
     if entry is not None and entry[1] is data:
         return True  # its open stage ran for this sample already (reusing_open)
-    if _plain_open(data):
+    if plain_open(data):
         _bomb_check((width, height))
     else:
         try:

@@ -99,7 +99,60 @@ def _identity_in(material: bytes, identity: _Identity) -> bool:
     return material.endswith(":".join(map(str, identity)).encode())
 
 
+class HeaderIndex:
+    """path -> (identity, the JPEG's size) for one dataset's files, where the decoded-image cache is off.
+
+    Without the cache, the draw step read each file whole, parsed its header and walked its segments (PIL's open
+    checks) in the calling thread, 10-15 us a sample with the GIL held. A JPEG that libjpeg-turbo decodes as PIL
+    does, whose header can warn of nothing but its size (``decode.check_open``'s plain case) and whose bytes do
+    not end before its image, is indexed here once: later look-ups ``stat`` it and, while its device, inode,
+    size, modification and change times are the same, give its size without reading it (the render reads it,
+    on the loader's threads, and checks its header again). Anything else is never indexed: it takes the full
+    path every time.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[_Identity, tuple[int, int]]] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def size_of(self, path: str | os.PathLike[str]) -> tuple[int, int] | None:
+        """The indexed JPEG's (height, width) where the file is as it was when indexed; else None."""
+        try:
+            p = os.fspath(path)
+            entry = self._entries.get(p)
+            if entry is None:
+                return None
+            st = os.stat(p)
+        except (OSError, TypeError, ValueError):
+            return None
+        identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        return entry[1] if entry[0] == identity else None
+
+    def add(self, path: str | os.PathLike[str], identity: _Identity, size: tuple[int, int]) -> None:
+        """Index ``path`` as a plain, whole JPEG of ``size``, as it was when stat'ed to ``identity``."""
+        with self._lock:
+            if len(self._entries) < MAX_ENTRIES:
+                self._entries[os.fspath(path)] = (identity, size)
+
+    def reset_after_fork(self) -> None:
+        self._lock = threading.Lock()
+
+
+def identity_of(path: str | os.PathLike[str]) -> _Identity | None:
+    """The fields a file's index entry is checked on (``os.stat``), or None where it cannot be stat'ed."""
+    try:
+        st = os.stat(os.fspath(path))
+    except (OSError, TypeError, ValueError):
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 _indexes: weakref.WeakKeyDictionary[Any, FileIndex] = weakref.WeakKeyDictionary()
+_headers: weakref.WeakKeyDictionary[Any, HeaderIndex] = weakref.WeakKeyDictionary()
+_unowned_headers = HeaderIndex()
 _unowned = FileIndex()  # for look-ups outside a dataset (a loader called on its own)
 _lock = threading.Lock()
 
@@ -119,11 +172,27 @@ def for_dataset(dataset: Any) -> FileIndex:
         return _unowned
 
 
+def headers_for(dataset: Any) -> HeaderIndex:
+    """The header index of ``dataset``'s files (made on first use); a process-wide one for None, or an object that
+    cannot be weakly referenced."""
+    if dataset is None:
+        return _unowned_headers
+    try:
+        index = _headers.get(dataset)
+        if index is None:
+            with _lock:
+                index = _headers.setdefault(dataset, HeaderIndex())
+        return index
+    except TypeError:
+        return _unowned_headers
+
+
 def _after_fork_in_child() -> None:
     global _lock
     _lock = threading.Lock()
     _unowned.reset_after_fork()
-    for index in list(_indexes.values()):
+    _unowned_headers.reset_after_fork()
+    for index in [*_indexes.values(), *_headers.values()]:
         index.reset_after_fork()
 
 

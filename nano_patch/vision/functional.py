@@ -135,7 +135,11 @@ def _fill_tuple(fill: Any, channels: int) -> tuple[int, ...]:
         fill = 0
     if isinstance(fill, (int, float)):
         fill = [fill] * channels
-    fill = list(fill)
+    return _fill_per_channel(list(fill), channels)
+
+
+def _fill_per_channel(fill: list[Any] | tuple[Any, ...], channels: int) -> tuple[int, ...]:
+    """``_parse_fill``'s rule for a sequence: one value for every channel, or one per channel (else its error)."""
     if len(fill) == 1:
         fill = fill * channels
     elif len(fill) != channels:
@@ -219,14 +223,7 @@ def pil_fillcolor(fill: Any, channels: int) -> Any:
     if isinstance(fill, (int, float)) and channels > 1:
         fill = tuple([fill] * channels)
     if isinstance(fill, (list, tuple)):
-        if len(fill) == 1:
-            fill = fill * channels
-        elif len(fill) != channels:
-            raise ValueError(
-                "The number of elements in 'fill' does not match the number of channels of the image "
-                f"({len(fill)} != {channels})"
-            )
-        return tuple(int(x) for x in fill)
+        return _fill_per_channel(fill, channels)
     return int(fill)
 
 

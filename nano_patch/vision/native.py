@@ -82,68 +82,82 @@ class NotReproducible(ValueError):
 
 
 _lock = threading.RLock()
-_module: ModuleType | None = None
-_module_error: str | None = None
 _verdicts: dict[str, str] = {}  # kernel -> "" (checked, exact) or why it is not used
 _passed: dict[str, ModuleType] = {}  # kernel -> the module that passed its check
 _arithmetic: dict[str, int] = {}  # kernel -> which PIL's arithmetic it matched (VARIANT_NAMES)
 resample_variant = (1, 0)
 grey_mode = 0
 saturation_mode = 0
-_jpeg_module: ModuleType | None = None
-_jpeg_error: str | None = None
 _crop_multiscan = True  # progressive (and other multi-scan) JPEGs region-decoded: the check may say no
 _crop_note = ""  # what the crop-decode check left out, for state()
 
 
-def _import() -> ModuleType:
-    global _module, _module_error
-    if _module is not None:
-        return _module
-    if _module_error is not None:
-        raise NativeUnavailable(_module_error)
-    if extension.switched_off():
-        _module_error = f"{NO_NATIVE_ENV} is set"
-        raise NativeUnavailable(_module_error)
+class _Extension:
+    """One compiled extension, loaded once per process: the module, or why it cannot be used (kept: asked again, the
+    same answer without trying again)."""
+
+    def __init__(self, load: Callable[[], ModuleType]) -> None:
+        self._load = load
+        self.module: ModuleType | None = None
+        self.error: str | None = None
+
+    def get(self) -> ModuleType:
+        if self.module is not None:
+            return self.module
+        if self.error is None and extension.switched_off():
+            self.error = f"{NO_NATIVE_ENV} is set"
+        if self.error is not None:
+            raise NativeUnavailable(self.error)
+        try:
+            self.module = self._load()
+        except NativeUnavailable as exc:
+            self.error = str(exc)
+            raise
+        return self.module
+
+    def forget(self) -> None:
+        self.module, self.error = None, None
+
+
+def _load_native() -> ModuleType:
     try:
-        _native = extension.load()
+        mod = extension.load()
     except extension.ExtensionMissing as exc:
-        _module_error = str(exc)
-        raise NativeUnavailable(_module_error) from exc
+        raise NativeUnavailable(str(exc)) from exc
     isa = os.environ.get(ISA_ENV, "").strip()
     if isa:
         try:
-            _native.set_isa(isa)
+            mod.set_isa(isa)
         except ValueError as exc:
             import warnings
 
             warnings.warn(f"nano-patch: {ISA_ENV}={isa!r} ignored: {exc}", RuntimeWarning, stacklevel=2)
-    _module = _native
-    return _module
+    return mod
+
+
+def _load_jpeg() -> ModuleType:
+    """The ``_jpeg`` extension (crop decoding), or :class:`NativeUnavailable` saying why not."""
+    try:
+        return importlib.import_module(f"{__package__}._jpeg")
+    except ModuleNotFoundError as exc:
+        raise NativeUnavailable(
+            "nano-patch was installed without crop-region JPEG decoding (libjpeg-turbo's headers or library were "
+            "missing at install time; on Debian/Ubuntu install libjpeg62-turbo-dev or libjpeg-turbo8-dev, then "
+            f"reinstall): {exc}") from exc
+    except ImportError as exc:  # built, but its libjpeg cannot be loaded here
+        raise NativeUnavailable(f"libjpeg-turbo could not be loaded: {exc}") from exc
+
+
+_native_ext = _Extension(_load_native)
+_jpeg_ext = _Extension(_load_jpeg)
+
+
+def _import() -> ModuleType:
+    return _native_ext.get()
 
 
 def _import_jpeg() -> ModuleType:
-    """The ``_jpeg`` extension (crop decoding), or :class:`NativeUnavailable` saying why not."""
-    global _jpeg_module, _jpeg_error
-    if _jpeg_module is not None:
-        return _jpeg_module
-    if _jpeg_error is not None:
-        raise NativeUnavailable(_jpeg_error)
-    if extension.switched_off():
-        _jpeg_error = f"{NO_NATIVE_ENV} is set"
-        raise NativeUnavailable(_jpeg_error)
-    try:
-        _jpeg = importlib.import_module(f"{__package__}._jpeg")
-    except ModuleNotFoundError as exc:
-        _jpeg_error = ("nano-patch was installed without crop-region JPEG decoding (libjpeg-turbo's headers or "
-                       "library were missing at install time; on Debian/Ubuntu install libjpeg62-turbo-dev or "
-                       f"libjpeg-turbo8-dev, then reinstall): {exc}")
-        raise NativeUnavailable(_jpeg_error) from exc
-    except ImportError as exc:  # built, but its libjpeg cannot be loaded here
-        _jpeg_error = f"libjpeg-turbo could not be loaded: {exc}"
-        raise NativeUnavailable(_jpeg_error) from exc
-    _jpeg_module = _jpeg
-    return _jpeg_module
+    return _jpeg_ext.get()
 
 
 def kernel(name: str) -> ModuleType:
@@ -183,13 +197,14 @@ def state() -> dict[str, str]:
     for name in KERNELS:
         verdict = _verdicts.get(name)
         fallback = FALLBACKS.get(name, "PIL's code")
-        module_error = _jpeg_error if name in JPEG_KERNELS else _module_error
+        module_error = (_jpeg_ext if name in JPEG_KERNELS else _native_ext).error
         if verdict == "" and name in JPEG_KERNELS:
             version = getattr(_passed.get(name), "LIBJPEG_VERSION", "?")
             out[name] = f"native ({version}{'; ' + _crop_note if _crop_note else ''})"
         elif verdict == "":
             which = f", {VARIANT_NAMES[_arithmetic[name]]}" if _arithmetic.get(name) else ""
-            out[name] = f"native ({_module.isa() if _module is not None else '?'}{which})"
+            mod = _native_ext.module
+            out[name] = f"native ({mod.isa() if mod is not None else '?'}{which})"
         elif verdict is not None:
             out[name] = f"{fallback}: {verdict}"
         elif module_error is not None:
@@ -210,17 +225,17 @@ def summary() -> dict[str, str]:
     """:func:`check_all` as ``nano-patch status`` shows it: where the extension itself cannot be used
     (not installed, switched off), one entry ``all`` with that reason, said once, not once per kernel."""
     states = check_all()
-    if _module_error is not None:  # the crop decode is its own extension: it still says its own state
-        return {"all": f"PIL's code: {_module_error}", **{k: states[k] for k in JPEG_KERNELS}}
+    if _native_ext.error is not None:  # the crop decode is its own extension: it still says its own state
+        return {"all": f"PIL's code: {_native_ext.error}", **{k: states[k] for k in JPEG_KERNELS}}
     return states
 
 
 def reset() -> None:
     """Forget the checks and the loaded module, as in a new process (tests)."""
-    global _module, _module_error, _jpeg_module, _jpeg_error, _crop_multiscan, _crop_note
+    global _crop_multiscan, _crop_note
     with _lock:
-        _module, _module_error = None, None
-        _jpeg_module, _jpeg_error = None, None
+        _native_ext.forget()
+        _jpeg_ext.forget()
         _crop_multiscan, _crop_note = True, ""
         _verdicts.clear()
         _passed.clear()
@@ -241,6 +256,20 @@ def _image(a: np.ndarray, what: str = "image") -> np.ndarray:
     return a
 
 
+def _checked_call(name: str, a: np.ndarray, size: tuple[int, int], resample_filter: int, filters: dict[int, str]
+                  ) -> tuple[ModuleType, np.ndarray, int, int]:
+    """The checked kernel ``name``, the image ``a`` as it takes it and the output's (height, width), once the filter
+    and the size are ones it takes."""
+    mod = kernel(name)
+    a = _image(a)
+    h, w = int(size[0]), int(size[1])
+    if resample_filter not in filters:
+        raise ValueError(f"the {name} kernel takes filters {sorted(filters)} (PIL's numbers), got {resample_filter!r}")
+    if h <= 0 or w <= 0:
+        raise ValueError(f"size must be positive, got {size}")
+    return mod, a, h, w
+
+
 def resample(a: np.ndarray, size: tuple[int, int], resample_filter: int,
              box: tuple[float, float, float, float] | None = None, flip: bool = False,
              window: tuple[int, int, int, int] | None = None) -> np.ndarray:
@@ -252,14 +281,7 @@ def resample(a: np.ndarray, size: tuple[int, int], resample_filter: int,
     A crop of the source is a view: pass ``a[top:bottom, left:right]`` to resize a crop the way
     stock crops, then resizes.
     """
-    mod = kernel("resample")
-    a = _image(a)
-    h, w = int(size[0]), int(size[1])
-    if resample_filter not in FILTERS:
-        raise ValueError(f"the resample kernel takes filters {sorted(FILTERS)} (PIL's numbers), "
-                         f"got {resample_filter!r}")
-    if h <= 0 or w <= 0:
-        raise ValueError(f"size must be positive, got {size}")
+    mod, a, h, w = _checked_call("resample", a, size, resample_filter, FILTERS)
     box = (0.0, 0.0, float(a.shape[1]), float(a.shape[0])) if box is None else tuple(float(b) for b in box)
     top, left, wh, ww = (0, 0, h, w) if window is None else (int(v) for v in window)
     out = np.empty((wh, ww) + a.shape[2:], np.uint8)
@@ -281,14 +303,7 @@ def warp(a: np.ndarray, size: tuple[int, int], coeffs: Any, perspective: bool, r
     0..255 per channel: the fill colour as PIL stores it (``Image.new(mode, (1, 1), fillcolor).tobytes()``).
     Raises :class:`NotReproducible` where PIL's own result is undefined in C (a NaN coordinate, say).
     """
-    mod = kernel("warp")
-    a = _image(a)
-    h, w = int(size[0]), int(size[1])
-    if resample_filter not in WARP_FILTERS:
-        raise ValueError(f"the warp kernel takes filters {sorted(WARP_FILTERS)} (PIL's numbers), "
-                         f"got {resample_filter!r}")
-    if h <= 0 or w <= 0:
-        raise ValueError(f"size must be positive, got {size}")
+    mod, a, h, w = _checked_call("warp", a, size, resample_filter, WARP_FILTERS)
     n = 8 if perspective else 6
     c = tuple(float(v) for v in coeffs)
     if len(c) != n:
@@ -760,18 +775,10 @@ def check_tables(mod: ModuleType) -> str | None:
 #: The crop-decode probes: (label, height, width, how encoded). Odd sizes, every chroma sampling
 #: simplejpeg writes, grey, restart markers and progressive files (PIL's encoder).
 CROP_PROBES = (
-    ("4:2:0", 61, 47, "420"),
-    ("4:2:2", 33, 131, "422"),
-    ("4:4:0", 47, 61, "440"),
-    ("4:4:4", 17, 16, "444"),
-    ("4:1:1", 29, 70, "411"),
-    ("grey", 23, 37, "gray"),
-    ("4:2:0 1 x 1", 1, 1, "420"),
-    ("4:2:0 2 x 3", 2, 3, "420"),
-    ("4:2:2 1 x 19", 1, 19, "422"),
-    ("4:2:0 with restart markers", 40, 53, "restart"),
-    ("progressive 4:2:0", 45, 53, "progressive"),
-    ("progressive grey", 19, 35, "progressive-grey"),
+    ("4:2:0", 61, 47, "420"), ("4:2:2", 33, 131, "422"), ("4:4:0", 47, 61, "440"), ("4:4:4", 17, 16, "444"),
+    ("4:1:1", 29, 70, "411"), ("grey", 23, 37, "gray"), ("4:2:0 1 x 1", 1, 1, "420"), ("4:2:0 2 x 3", 2, 3, "420"),
+    ("4:2:2 1 x 19", 1, 19, "422"), ("4:2:0 with restart markers", 40, 53, "restart"),
+    ("progressive 4:2:0", 45, 53, "progressive"), ("progressive grey", 19, 35, "progressive-grey"),
 )
 #: iMCU (height, width) by encoding: the unit libjpeg crops and skips in.
 _IMCU = {"420": (16, 16), "422": (8, 16), "440": (16, 8), "444": (8, 8), "411": (8, 32), "gray": (8, 8),

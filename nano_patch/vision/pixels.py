@@ -569,11 +569,14 @@ class Recording(Pixels):
     the pixels while drawing (a stock step, a stock fallback inside a step) raises :class:`NotSplittable`.
     """
 
-    __slots__ = ("ops", "_hw", "_mode", "draws")
+    __slots__ = ("ops", "_hw", "_mode", "draws", "erasures")
 
     def __init__(self, hw: tuple[int, int], mode: str = "RGB", draws: Any = None) -> None:
         self.ops: list[Op] = []
         self.draws = draws
+        #: a deferred tail's RandomErasing draws (``data.device_tail.Erasure``), made with the others: the render's
+        #: uint8 image goes out with them (``data.device_tail.ErasedImage``)
+        self.erasures: list[Any] | None = None
         self._hw, self._mode = hw, mode
         self._nothing_pending()
 

@@ -50,6 +50,8 @@ def _pil_filter(interpolation: Any) -> int:
 
 
 def _size_request(size: Any) -> list[int]:
+    if type(size) is tuple and len(size) == 2 and type(size[0]) is int and type(size[1]) is int:
+        return list(size)  # (the common case, as RandomResizedCrop keeps its size: checked first)
     if isinstance(size, int) and not isinstance(size, bool):
         return [size]
     if isinstance(size, (list, tuple)) and len(size) in (1, 2) and all(
