@@ -66,9 +66,14 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+#: ``run`` flags whose value is optional: the token after one may be the script itself (``--report train.py``).
+_OPTIONAL_VALUE_FLAGS = ("--report", "--cache-decoded", "--auto-lr")
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    """The command line, where ``run -m MODULE`` ends nano-patch's options as ``python -m`` does: whatever
-    follows the module is the module's own, options included (``nano-patch run -m pytest -q``)."""
+    """The command line, where the script (or ``-m MODULE``) ends nano-patch's options as ``python`` does: whatever
+    follows it is its own, options included (``nano-patch run --report train.py --data-path D``,
+    ``nano-patch run -m pytest -q``)."""
     parser = _parser()
     if argv and argv[0] == "run":
         for i, token in enumerate(argv):
@@ -78,6 +83,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                 head = parser.parse_args(argv[:i + 2])
                 if not head.args:  # else `-m` came after the script: it is the script's
                     head.args = argv[i + 2:]
+                    return head
+                break
+            if (token in _OPTIONAL_VALUE_FLAGS and i + 1 < len(argv) and _is_script(argv[i + 1])
+                    and not (token == "--report" and argv[i + 1].endswith(".json"))):
+                # the flag without its value, then the script: argparse must not read the script's own options
+                head = parser.parse_args(argv[:i + 1])
+                if not head.args:
+                    head.args = argv[i + 1:]
                     return head
                 break
     return parser.parse_args(argv)

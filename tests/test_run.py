@@ -314,3 +314,17 @@ def test_an_unknown_option_before_the_module_is_still_refused(capsys):
     with pytest.raises(SystemExit):
         cli.parse_args(["run", "--no-such-flag", "-m", "pytest"])
     assert "--no-such-flag" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flag", "const"), [("--report", "-"), ("--cache-decoded", "on"), ("--auto-lr", "true")])
+def test_a_flag_without_its_value_then_a_script_whose_first_argument_is_an_option(flag, const):
+    """`nano-patch run --report train.py --data-path D`: the script's options are the script's (torchvision's and
+    timm's train.py begin with one); argparse once read them as nano-patch's and stopped the run."""
+    from nano_patch import cli
+
+    args = cli.parse_args(["run", "--fast", flag, "train.py", "--data-path", "D", "--help"])
+    assert args.args == ["train.py", "--data-path", "D", "--help"] and args.fast
+    assert getattr(args, flag[2:].replace("-", "_")) == const
+    value = "x.json" if flag == "--report" else "auto"
+    with_value = cli.parse_args(["run", flag, value, "train.py", "--data-path"])
+    assert with_value.args == ["train.py", "--data-path"] and getattr(with_value, flag[2:].replace("-", "_")) == value

@@ -186,3 +186,31 @@ def test_v2_plain_arrays_are_stocks(photos):
     nano_patch.patch_torch()
     got = pipe(arr)
     assert type(got) is type(want) and np.array_equal(got, want)
+
+
+def test_the_report_counts_what_v2_ran_on_the_patch_s_path(photos, tmp_path):
+    """`--report` names each v2 step that ran on the patch's image, the fused tail, and what ran stock's code (it
+    counted nothing for v2 pipelines before)."""
+    from torchvision.transforms import v2
+
+    from nano_patch import report
+
+    (tmp_path / "r").mkdir()
+    report.stats = report.Stats(str(tmp_path / "r"))
+    try:
+        nano_patch.patch_torch()
+        tf = v2.Compose([v2.RandomResizedCrop(64), v2.RandomHorizontalFlip(), v2.PILToTensor(),
+                         v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * 3, [0.2] * 3)])
+        odd = v2.Compose([v2.PILToTensor(), v2.RandomHorizontalFlip()])  # the flip on a tensor: stock's code
+        for im in photos:
+            tf(im)
+            odd(im)
+        counts = {(p, fast, why): n for (p, fast, why), n in report.stats.counts.items()
+                  if p == "vision_transforms_v2"}
+    finally:
+        report.stats = None
+    n = len(photos)
+    assert counts[("vision_transforms_v2", True, "RandomResizedCrop: on the patch's image (its kernels)")] == n
+    assert counts[("vision_transforms_v2", True,
+                   "PILToTensor + ToDtype + Normalize: the tensor tail as one table lookup")] == n
+    assert counts[("vision_transforms_v2", False, "RandomHorizontalFlip: stock code on a tensor")] == n

@@ -52,20 +52,34 @@ def inherits_getitem(cls: type, base: type) -> bool:
 
 def uint8_transform(dataset: Any) -> tuple[Any, TailSpec] | None:
     """The dataset's ``Compose`` and how to finish its batches, if the dataset qualifies; else None."""
+    found = _uint8_transform(dataset)
+    return found if isinstance(found, tuple) else None
+
+
+def why_not_uint8(dataset: Any) -> str | None:
+    """Why ``dataset``'s batches cannot be uint8 batches (for ``--report``), or None where they can."""
+    found = _uint8_transform(dataset)
+    return None if isinstance(found, tuple) else found
+
+
+def _uint8_transform(dataset: Any) -> tuple[Any, TailSpec] | str:
     from ..vision import compose_call
 
     if not compose_call.active():
-        return None
-    dataset = _root_dataset(dataset)
-    if not _rgb_loading(dataset):  # first: a dataset of the user's own class is never asked for attributes
-        return None
-    compose = getattr(dataset, "transform", None)
+        return "the transforms patch is off"
+    root = _root_dataset(dataset)
+    if not _rgb_loading(root):  # first: a dataset of the user's own class is never asked for attributes
+        return f"a {type(root).__name__} is not an image dataset the patch loads (ImageFolder and its kin)"
+    compose = getattr(root, "transform", None)
     if compose is None:
-        return None
+        return "the dataset has no transform"
     if not compose_call.splits_tail(compose):
-        return None
+        return f"its transform is a {type(compose).__name__}, not a stock Compose"
     spec = find_tail(compose)
-    return None if spec is None else (compose, spec)
+    if spec is None:
+        return ("its Compose does not end in a tensor tail the patch knows (ToTensor or ToImage/PILToTensor + "
+                "ToDtype(float32, scale=True), then Normalize, RandomErasing)")
+    return compose, spec
 
 
 def mark_worker_dataset(dataset: Any) -> None:

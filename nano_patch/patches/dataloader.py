@@ -120,8 +120,7 @@ class DataLoaderPatch(Patch):
                 return None, "the loader's own collate_fn: float batches"
             found = uint8_batches.uint8_transform(loader.dataset)
             if found is None:
-                return None, ("the dataset is not an image folder with a stock Compose ending in the tensor tail "
-                              "(ToTensor or ToImage + ToDtype, then Normalize, RandomErasing): float batches")
+                return None, f"{uint8_batches.why_not_uint8(loader.dataset)}: float batches"
             return dataclasses.replace(found[1], channels_last=opts.channels_last), "uint8 batches"
 
         def _prepare_cache(dataset: Any) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any, ClassVar
 
+from .. import report
 from ..config import Options
 from ..registry import Patch
 
@@ -63,9 +64,19 @@ class VisionTransformsV2Patch(Patch):
                 for i, t in enumerate(items):
                     fused = tail.run(items[i:], x)
                     if fused is not None:
+                        _count_steps(items[i:], "the tensor tail as one table lookup")
                         return fused
-                    planned = compose_plan.run_v2_policy(t, x) if isinstance(x, FastImage) else None
+                    on_image = isinstance(x, FastImage)
+                    planned = compose_plan.run_v2_policy(t, x) if on_image else None
                     x = t(x) if planned is None else planned
+                    if report.stats is not None:
+                        if planned is not None:
+                            report.count(self.name, True, f"{type(t).__name__}: the policy's plan")
+                        elif on_image and type(t).__module__.startswith("torchvision.transforms.v2"):
+                            report.count(self.name, True, f"{type(t).__name__}: on the patch's image (its kernels)")
+                        else:
+                            report.count(self.name, False, f"{type(t).__name__}: stock code on "
+                                                           f"{'a tensor' if not on_image else 'the image'}")
                 return x if isinstance(args[0], FastImage) else plain(x)
             flat, spec = tree_flatten(args)
             converted = [fast(x) if compose_call.takes(x) and not isinstance(x, FastImage) else x for x in flat]
@@ -82,6 +93,11 @@ class VisionTransformsV2Patch(Patch):
         from ..vision import compose_call
 
         compose_call.configure_v2(None)
+
+
+def _count_steps(steps: list[Any], how: str) -> None:
+    if report.stats is not None:
+        report.count(VisionTransformsV2Patch.name, True, f"{' + '.join(type(t).__name__ for t in steps)}: {how}")
 
 
 def _fill_for_fast_images(original: Any) -> Any:
