@@ -83,7 +83,10 @@ me = psutil.Process()
 procs = [me] + me.children(recursive=True)
 rss = sum(p.memory_info().rss for p in procs)
 pss = sum(p.memory_full_info().pss for p in procs)
-print(json.dumps({"images_per_s": n / seconds, "first_batch_s": first, "rss": rss, "pss": pss}))
+out = {"images_per_s": n / seconds, "first_batch_s": first, "rss": rss, "pss": pss}
+if cfg["side"] == "patched":
+    out["nano_patch"] = os.path.dirname(nano_patch.__file__)
+print(json.dumps(out))
 """.replace("import json, sys, time", "import json, os, sys, time")
 
 
@@ -92,8 +95,10 @@ def _env() -> dict[str, str]:
 
 
 def run(cfg: dict) -> dict:
+    # cwd: not the checkout (``python -c`` puts the cwd first on sys.path, before PYTHONPATH): the children import
+    # the nano_patch on PYTHONPATH, so that ``PYTHONPATH=/other/checkout`` measures that checkout
     proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cfg)], capture_output=True, text=True,
-                          env=_env(), check=False)
+                          env=_env(), check=False, cwd=tempfile.gettempdir())
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-3000:])
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -103,7 +108,8 @@ def run_two(cfg: dict, tmp: Path, tag: str) -> dict:
     """Two independent processes at once, each doing ``cfg``'s work: their summed rate."""
     barrier = str(tmp / f"barrier-{tag}")
     procs = [subprocess.Popen([sys.executable, "-c", CHILD, json.dumps({**cfg, "barrier": barrier, "rank": r})],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                              cwd=tempfile.gettempdir())
              for r in range(2)]
     outs = []
     for p in procs:
@@ -180,7 +186,8 @@ def main() -> None:
                             add(f"pets | stock | batch {batch} | 0 workers", run(stock))
                             add(f"pets | stock | batch {batch} | 2 workers", run({**stock, "workers": 2}))
         for key, rs in runs.items():
-            result["rows"][key] = {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "each"}
+            result["rows"][key] = {k: statistics.median(r[k] for r in rs) for k in rs[0]
+                                   if k not in ("each", "nano_patch")}
             result["rows"][key]["all_images_per_s"] = [r["images_per_s"] for r in rs]
     rows = result["rows"]
     result["scaling"] = {}
@@ -205,10 +212,12 @@ def main() -> None:
                 "pss_patched_mb": mine["pss"] / 1e6, "pss_stock_2_workers_mb": stock2["pss"] / 1e6,
                 "first_batch_patched_s": mine["first_batch_s"],
                 "first_batch_stock_2_workers_s": stock2["first_batch_s"]}
+    result["nano_patch"] = sorted({r["nano_patch"] for rs in runs.values() for r in rs if "nano_patch" in r})
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.stem}.json").write_text(json.dumps(result, indent=2))
     chart(result, RESULTS / f"{args.stem}.png")
-    print(f"{result['machine']}; medians of {args.rounds} interleaved rounds, images/s over {args.epochs} epochs")
+    print(f"{result['machine']}; medians of {args.rounds} interleaved rounds, images/s over {args.epochs} epochs; "
+          f"nano_patch from {result['nano_patch']}")
     print("| pipeline | cache | batch | 1 thread | 2 threads | 2 processes | threads x | processes x | ratio |")
     print("|---|---|---|---|---|---|---|---|---|")
     for key, s in result["scaling"].items():

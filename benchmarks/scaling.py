@@ -119,7 +119,10 @@ seconds = time.perf_counter() - t
 out.update(images=n, seconds=seconds, images_per_s=n / seconds, cpu_s_per_image=(cpu_s() - cpu0) / n,
            run_delay_s_per_image=(run_delay_s() - wait0) / n)
 if cfg["side"] == "patched":
-    from nano_patch.data import loader_pool
+    try:
+        from nano_patch.data import loader_pool
+    except ImportError:  # a checkout from before the module's rename (data/parallel.py), for comparisons
+        from nano_patch.data import parallel as loader_pool
     out["loader_threads"] = loader_pool.describe()
     out["nano_patch"] = os.path.dirname(nano_patch.__file__)
 print(json.dumps(out))

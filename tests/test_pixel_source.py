@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -240,7 +241,7 @@ def test_a_file_changed_after_it_was_indexed_is_read_again(tmp_path, photos):
     stock = _stock_epochs(root, 2)[1]
     nano_patch.patch_torch(loader_threads=2, cache_decoded="off")
     assert _same(_epoch(ds, 1), stock)
-    data = open(victim, "rb").read()
+    data = Path(victim).read_bytes()
     with open(victim, "wb") as f:
         f.write(data[: len(data) // 2])  # truncated: stock's decode raises OSError
     nano_patch.unpatch_torch()

@@ -185,7 +185,7 @@ def _check_primitives(n: Any, fused: bool) -> str:
 
     g = torch.Generator().manual_seed(4242)
     st = _state_of(n, g)
-    for k in range(3000):
+    for k in range(1200):  # (past the twister's 624 words three times)
         kind = k % 4
         if kind == 0:
             a, b = _UNIFORM_RANGES[k % len(_UNIFORM_RANGES)]
@@ -235,7 +235,7 @@ def _check_composites(n: Any, fused: bool) -> str:
         draws = TorchDraws(fused, n)
         jitter = T.ColorJitter(0.4, 0.4, 0.4, 0.1)
         sizes = [(375, 500), (500, 333), (64, 64), (1200, 90), (31, 415)]
-        for k in range(400):
+        for k in range(150):  # (each about 14 words: the twister's 624 three times)
             h, w = sizes[k % len(sizes)]
             img = torch.empty(1, h, w)  # get_params reads only the size
             scale, ratio = ((0.08, 1.0), (3 / 4, 4 / 3)) if k % 3 else ((0.5, 0.9), (0.2, 5.0))
