@@ -24,7 +24,8 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -157,34 +158,33 @@ _unowned = FileIndex()  # for look-ups outside a dataset (a loader called on its
 _lock = threading.Lock()
 
 
-def for_dataset(dataset: Any) -> FileIndex:
-    """The index of ``dataset``'s files (made on first use); a process-wide one for None, or an object that
-    cannot be weakly referenced."""
+_Index = TypeVar("_Index", FileIndex, HeaderIndex)
+
+
+def _per_dataset(table: weakref.WeakKeyDictionary[Any, _Index], dataset: Any, unowned: _Index,
+                 make: Callable[[], _Index]) -> _Index:
+    """``dataset``'s index in ``table`` (made on first use); ``unowned`` for None, or an object that cannot be
+    weakly referenced."""
     if dataset is None:
-        return _unowned
+        return unowned
     try:
-        index = _indexes.get(dataset)
+        index = table.get(dataset)
         if index is None:
             with _lock:
-                index = _indexes.setdefault(dataset, FileIndex())
+                index = table.setdefault(dataset, make())
         return index
     except TypeError:  # not weakly referenceable, or not hashable
-        return _unowned
+        return unowned
+
+
+def for_dataset(dataset: Any) -> FileIndex:
+    """The index of ``dataset``'s files: their cache entries."""
+    return _per_dataset(_indexes, dataset, _unowned, FileIndex)
 
 
 def headers_for(dataset: Any) -> HeaderIndex:
-    """The header index of ``dataset``'s files (made on first use); a process-wide one for None, or an object that
-    cannot be weakly referenced."""
-    if dataset is None:
-        return _unowned_headers
-    try:
-        index = _headers.get(dataset)
-        if index is None:
-            with _lock:
-                index = _headers.setdefault(dataset, HeaderIndex())
-        return index
-    except TypeError:
-        return _unowned_headers
+    """The header index of ``dataset``'s files: their JPEG sizes, where the cache is off."""
+    return _per_dataset(_headers, dataset, _unowned_headers, HeaderIndex)
 
 
 def _after_fork_in_child() -> None:
