@@ -214,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"running {args.tests} tests from the installed wheel; deselected (they compile from source): "
             f"{', '.join(NEEDS_SOURCE_AND_COMPILER)}")
         test_env = {**env, "NANO_WHEEL_CHECK_SITE": str(site)}
+        if not args.installed:  # the wheel itself, for tests that install it their own way (pip --target)
+            test_env["NANO_WHEEL_CHECK_WHEEL"] = str(Path(args.wheel).resolve())
         t0 = time.monotonic()
         tests = subprocess.run(cmd, env=test_env, cwd=tree, timeout=3600)
         log(f"tests took {time.monotonic() - t0:.0f} s")
