@@ -94,14 +94,20 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("NANO_PATCH_", "_NANO_PATCH"))}
 
 
-def run(cfg: dict) -> dict:
+def run_child(child: str, cfg: dict) -> dict:
+    """``child`` (Python source) in a fresh process with ``cfg`` as its argument; its last line of output, as JSON.
+    (Shared with scaling.py.)"""
     # cwd: not the checkout (``python -c`` puts the cwd first on sys.path, before PYTHONPATH): the children import
     # the nano_patch on PYTHONPATH, so that ``PYTHONPATH=/other/checkout`` measures that checkout
-    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cfg)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", child, json.dumps(cfg)], capture_output=True, text=True,
                           env=_env(), check=False, cwd=tempfile.gettempdir())
     if proc.returncode != 0:
-        raise RuntimeError(proc.stderr[-3000:])
+        raise RuntimeError(f"{cfg}: {proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run(cfg: dict) -> dict:
+    return run_child(CHILD, cfg)
 
 
 def run_two(cfg: dict, tmp: Path, tag: str) -> dict:

@@ -47,14 +47,13 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import warnings
 from pathlib import Path
 
-from loader_threads import LOADER_SETUP  # this folder is the script's: first on sys.path
+from loader_threads import LOADER_SETUP, run_child  # this folder is the script's: first on sys.path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results"
@@ -129,18 +128,8 @@ print(json.dumps(out))
 """
 
 
-def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith(("NANO_PATCH_", "_NANO_PATCH"))}
-
-
 def run(cfg: dict) -> dict:
-    # cwd: not the checkout (``python -c`` puts the cwd first on sys.path, before PYTHONPATH): the children import
-    # the nano_patch this script imports, so that ``PYTHONPATH=/other/checkout`` measures that checkout
-    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cfg)], capture_output=True, text=True,
-                          env=_env(), check=False, cwd=tempfile.gettempdir())
-    if proc.returncode != 0:
-        raise RuntimeError(f"{cfg}: {proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child(CHILD, cfg)
 
 
 def usable_cores() -> int:

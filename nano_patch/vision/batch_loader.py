@@ -184,7 +184,7 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
               n_threads: int, one: Callable[[int], Any], out: list[Any]) -> int:
     """Load samples from ``k0`` into ``out``: draw as many as can be drawn ahead, render them, then take them in
     order; return the index to go on from."""
-    from ..data import loader_pool, torch_state
+    from ..data import device_tail, loader_pool, torch_state
     from . import loading
 
     stats = report.stats
@@ -289,8 +289,6 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
                 stale = True
         sample = rendered.sample
         if job.recording is not None and job.recording.erasures is not None:
-            from ..data import device_tail
-
             sample = device_tail.ErasedImage(sample, job.recording.erasures)  # the tail is left to the device
         out.append((sample, target))
         committed = j + 1

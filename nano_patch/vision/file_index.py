@@ -122,15 +122,10 @@ class HeaderIndex:
     def size_of(self, path: str | os.PathLike[str]) -> tuple[int, int] | None:
         """The indexed JPEG's (height, width) where the file is as it was when indexed; else None."""
         try:
-            p = os.fspath(path)
-            entry = self._entries.get(p)
-            if entry is None:
-                return None
-            st = os.stat(p)
-        except (OSError, TypeError, ValueError):
+            entry = self._entries.get(os.fspath(path))
+        except TypeError:
             return None
-        identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        return entry[1] if entry[0] == identity else None
+        return entry[1] if entry is not None and entry[0] == identity_of(path) else None
 
     def add(self, path: str | os.PathLike[str], identity: _Identity, size: tuple[int, int]) -> None:
         """Index ``path`` as a plain, whole JPEG of ``size``, as it was when stat'ed to ``identity``."""

@@ -76,13 +76,10 @@ class TorchDraws:
 
     def __init__(self, fused: bool, n: Any) -> None:
         """``n``: the extension module, once ``native`` has checked this kernel (``native.kernel("torch_draws")``)."""
-        import torch
-
         self._n = n
         self.fused = fused
         self._st = np.empty(STATE_WORDS, np.uint32)
-        self._template = torch.get_rng_state()
-        self._n.draws_load(self._template.numpy(), self._st)
+        self.from_torch()
 
     def from_torch(self) -> None:
         """Take torch's generator state as it is now."""
