@@ -199,18 +199,25 @@ def _same(a: list, b: list) -> bool:
 def test_without_the_cache_a_seen_jpeg_is_not_read_in_the_draw(tmp_path, photos, monkeypatch):
     """Epoch 1 reads each file in the draw and indexes it; epoch 2 takes its size from the index (the render reads
     it): the batches are stock's in both."""
-    from nano_patch.vision import batch_loader, decode
+    from nano_patch.vision import batch_loader, decode, native, oprunner
 
     root = _folder(tmp_path / "f", photos, "jpg")
     stock = _stock_epochs(root, 2)
     nano_patch.patch_torch(loader_threads=2, cache_decoded="off")
     ds = ImageFolder(str(root), transform=_headers_tf())
-    in_draw, reads = [False], []
-    real_read, real_source = decode.read_bytes, batch_loader._source
+    in_draw, reads, native_reads = [False], [], []
+    real_read, real_source, real_run_file = decode.read_bytes, batch_loader._source, oprunner.run_file
 
     def read_bytes(path):
         reads.append(in_draw[0])
         return real_read(path)
+
+    def run_file(job, path, size):  # the render's native read (None: it did not read; Python's read follows)
+        got = real_run_file(job, path, size)
+        if got is not None:
+            reads.append(in_draw[0])
+            native_reads.append(not isinstance(got, bytes))
+        return got
 
     def source(*args):
         in_draw[0] = True
@@ -221,11 +228,14 @@ def test_without_the_cache_a_seen_jpeg_is_not_read_in_the_draw(tmp_path, photos,
 
     monkeypatch.setattr(decode, "read_bytes", read_bytes)
     monkeypatch.setattr(batch_loader, "_source", source)
+    monkeypatch.setattr(oprunner, "run_file", run_file)
     assert _same(_epoch(ds, 0), stock[0])
     assert len(file_index.headers_for(ds)) == len(ds) and reads == [True] * len(ds)
     reads.clear()
     assert _same(_epoch(ds, 1), stock[1])
     assert reads == [False] * len(ds)  # every file read once, in the render, none in the draw
+    # where crop decoding is usable, each of those reads was the one native call (read, decode, ops, tail)
+    assert native_reads == ([True] * len(ds) if native.available("crop_decode") else [])
 
 
 def test_a_file_changed_after_it_was_indexed_is_read_again(tmp_path, photos):

@@ -38,15 +38,48 @@ def batch_of(batch: list[Any]) -> Any:
     if len(batch) != base.shape[0] or torch.utils.data.get_worker_info() is not None:
         return None  # (a worker process: stock collates into shared memory)
     step = base.stride(0) * base.element_size()
-    shape, strides = base.shape[1:], base.stride()[1:]
+    start = base.data_ptr()
+    shape, strides, dtype = base.shape[1:], base.stride()[1:], base.dtype
+    tensor = torch.Tensor
     for k, t in enumerate(batch):
-        mark = getattr(t, _MARK, None) if type(t) is torch.Tensor else None
+        mark = getattr(t, _MARK, None) if type(t) is tensor else None
         if mark is None or mark[0] is not base or mark[1] != k:
             return None
-        if t.data_ptr() != base.data_ptr() + k * step or t.shape != shape or t.dtype != base.dtype or \
-                t.requires_grad or any(a != b and n != 1 for n, a, b in zip(shape, t.stride(), strides)):
+        if t.data_ptr() != start + k * step or t.shape != shape or t.dtype != dtype or t.requires_grad:
             return None  # no longer the view of its place
+        own = t.stride()
+        if own != strides and any(a != b and n != 1 for n, a, b in zip(shape, own, strides)):
+            return None
     return base
+
+
+def collate_pairs(data: Any) -> Any:
+    """``default_collate(data)`` for the common batch, a list of ``(image, int)`` tuples whose images are the
+    marked slots of one batch tensor: ``[batch tensor, torch.tensor(targets)]``, as stock's walk gives it (its tuple
+    branch collates each column: the tensors through :func:`collate_tensor`, the ints by ``collate_int_fn``), without
+    the walk's type tests per level. None (nothing done) for any other batch, or where ``default_collate_fn_map``
+    is not the patch's for tensors and stock's for ints and tuples."""
+    import torch
+    from torch.utils.data._utils import collate
+
+    if type(data) is not list or not data:
+        return None
+    for pair in data:
+        if type(pair) is not tuple or len(pair) != 2:
+            return None
+    fn_map = collate.default_collate_fn_map
+    if fn_map.get(torch.Tensor) is not collate_tensor or fn_map.get(int) is not collate.collate_int_fn or \
+            type(data[0][1]) is not int or any(isinstance(data[0], kind) for kind in fn_map):
+        return None  # (stock's walk would give a tuple to a collate function of the map)
+    images, targets = zip(*data)
+    if getattr(images[0], _MARK, None) is None:
+        return None
+    base = batch_of(images)
+    if base is None:
+        return None
+    for t in images:
+        delattr(t, _MARK)
+    return [base, collate.collate_int_fn(targets, collate_fn_map=fn_map)]
 
 
 def collate_tensor(batch: list[Any], *, collate_fn_map: Any = None) -> Any:

@@ -79,6 +79,10 @@ def _subset_getitems(subset: Any, indices: list[Any]) -> list[Any]:
 
 def make_fetch(stock_fetch: Callable[..., Any], subset_cls: type) -> Callable[..., Any]:
     """The ``_MapDatasetFetcher.fetch`` to install: stock's, with the batch loaders (see the module)."""
+    from torch.utils.data._utils.collate import default_collate as stock_default_collate
+
+    from . import collate
+
     stock_subset_getitems = vars(subset_cls).get("__getitems__")
     stock_subset_getitem = vars(subset_cls).get("__getitem__")
 
@@ -97,6 +101,10 @@ def make_fetch(stock_fetch: Callable[..., Any], subset_cls: type) -> Callable[..
                     data = [self.dataset[idx] for idx in possibly_batched_index]
         else:
             data = self.dataset[possibly_batched_index]
+        if self.collate_fn is stock_default_collate:  # the common batch without stock's walk (same result)
+            batch = collate.collate_pairs(data)
+            if batch is not None:
+                return batch
         return self.collate_fn(data)
 
     fetch.__wrapped__ = stock_fetch  # type: ignore[attr-defined]

@@ -207,6 +207,9 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
     # torch's draws made natively from a copy of its generator, written back once the run's draws are made; only
     # where no user code runs between two samples' draws (no target_transform) and every step's draws are known
     draws = _native_draws() if before is None and the_plan is not None and the_plan.draws_natively else None
+    # the samples' recordings share their tensor tail's op: no user code runs between their draws (a
+    # target_transform runs after them all), so a Normalize's constants are the same for all of them
+    shared: dict[Any, Any] = {}
 
     def rewind(j: int) -> None:
         """The generators where they were before the ``j``-th job's draws."""
@@ -233,7 +236,7 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
                 stop = _Stop(k)
                 break
             try:
-                _draw(job, transform, draws)
+                _draw(job, transform, draws, shared)
             except compose_plan.NotSplittable as exc:
                 if states is not None:
                     _restore(states)
@@ -344,12 +347,13 @@ def _native_draws() -> torch_draws.TorchDraws | None:
     return torch_draws.start(native.kernel("torch_draws"))
 
 
-def _draw(job: Job, transform: Any, draws: torch_draws.TorchDraws | None = None) -> None:
+def _draw(job: Job, transform: Any, draws: torch_draws.TorchDraws | None = None,
+          shared: dict[Any, Any] | None = None) -> None:
     """The sample's draws: ``transform``'s plan on a Recording of the source's size (torch's draws made by
-    ``draws`` where given, else by torch)."""
+    ``draws`` where given, else by torch; ``shared``: what the recordings of this run share)."""
     if transform is not None:
         hw = job.array.shape[:2] if job.array is not None else job.size
-        job.recording = compose_call.run_compose(transform, compose_plan.Recording(hw, draws=draws))
+        job.recording = compose_call.run_compose(transform, compose_plan.Recording(hw, draws=draws, shared=shared))
 
 
 def _draw_again(job: Job, transform: Any) -> None:
@@ -398,11 +402,12 @@ def _source(path: Any, store: cache.Store | None, crop_window: bool, index: file
     return Job(DECODE, path, None, data=data, size=size, material=material)
 
 
-def _read_indexed(job: Job) -> None:
-    """The bytes of a JPEG the header index answered for (on the render's thread): still the whole, plain JPEG of
-    the size the draw used, or :class:`compose_plan.RenderFailed` (the sample then loads one by one, from stock's
-    state before it)."""
-    data = decode.read_bytes(job.path)
+def _read_indexed(job: Job, data: bytes | None = None) -> None:
+    """The bytes of a JPEG the header index answered for (on the render's thread; ``data``: already read): still
+    the whole, plain JPEG of the size the draw used, or :class:`compose_plan.RenderFailed` (the sample then loads
+    one by one, from stock's state before it)."""
+    if data is None:
+        data = decode.read_bytes(job.path)
     if decode.jpeg_size(data) != tuple(job.size) or decode.looks_truncated(data):
         raise compose_plan.RenderFailed("the file changed after its size was read")
     job.data = data
@@ -412,7 +417,12 @@ def _render(job: Job) -> Rendered:
     start = time.perf_counter()
     decoded, reproducible, decode_s = None, False, 0.0
     if job.data is None and job.kind != ARRAY:
-        _read_indexed(job)
+        # the header index answered the draw: where the sample runs natively, its file read, checks, decode, ops
+        # and tail are one native call (the GIL released once); what that call leaves takes the Python path
+        got = oprunner.run_file(job.native, job.path, job.size) if job.native is not None else None
+        if got is not None and not isinstance(got, bytes):
+            return Rendered(got, None, False, 0.0, time.perf_counter() - start)
+        _read_indexed(job, got)
     if job.kind == JPEG_WINDOW and job.native is not None:
         sample = oprunner.run_jpeg(job.native, job.data, job.size, job.path)
         return Rendered(sample, None, False, 0.0, time.perf_counter() - start)

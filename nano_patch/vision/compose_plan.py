@@ -309,10 +309,17 @@ def run(compose: Any, img: Image.Image | Pixels, *, skip: int = 0, uint8_tail: b
     image gives a plain PIL image; a tail gives stock's tensor. ``img`` may also be :class:`Pixels`
     (a :class:`JpegPixels` not decoded yet): an image result is then a ``FastImage``.
     """
-    plan = plan_for(compose)
+    recording = isinstance(img, Recording)
+    shared = img.shared if recording else None
+    if shared is not None:  # the run's recordings: no user code runs between their draws to change the Compose
+        known = shared.get(id(compose))  # (the entry holds the Compose: its id is not reused during the run)
+        if known is None or known[0] is not compose:
+            known = shared[id(compose)] = (compose, plan_for(compose))
+        plan = known[1]
+    else:
+        plan = plan_for(compose)
     items = plan.items
     stats = report.stats
-    recording = isinstance(img, Recording)
     fast_in = isinstance(img, (FastImage, Pixels))
     x: Any = img if isinstance(img, Pixels) else Pixels.of(img)
     i = skip
@@ -373,7 +380,13 @@ def _record_tail(x: Recording, tail: Tail, uint8: bool, last: bool) -> Recording
     """Write down the tensor tail, where the render can make it as :meth:`Tail.tensor_from` would."""
     if not last:
         raise NotSplittable("steps after the tensor tail run stock code on the tensor", True)
-    end = P.TensorTail(tail, uint8, 1 if x.mode == "L" else 3)
+    key = (tail, uint8, 1 if x.mode == "L" else 3)
+    shared = x.shared
+    end = shared.get(key) if shared is not None else None
+    if end is None:
+        end = P.TensorTail(*key)
+        if shared is not None:
+            shared[key] = end
     if not end.to_bytes and end.table is None:
         raise NotSplittable("the tensor tail runs stock code", True)
     if report.stats is not None:

@@ -413,6 +413,11 @@ def pixels_lut(a: np.ndarray, table: np.ndarray) -> np.ndarray:
     return out
 
 
+def crop_multiscan() -> bool:
+    """Whether progressive (and other multi-scan) JPEGs are region-decoded here (their check may say no)."""
+    return _crop_multiscan
+
+
 def decode_jpeg_region(data: bytes, top: int, left: int, height: int, width: int, *,
                        check_rest: bool = True) -> np.ndarray:
     """The ``height`` x ``width`` window at (``top``, ``left``) of a JPEG, decoded to RGB: exactly

@@ -16,6 +16,7 @@ sample's slot of one preallocated batch tensor, laid out as ``default_collate``'
 
 from __future__ import annotations
 
+import operator
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,8 @@ import numpy as np
 from .. import report
 from . import native
 from .pixels import OP_CROP, OP_KERNELS, Recording, TensorTail
+
+_code = operator.itemgetter(0)  # a record's op code
 
 #: The native tail kinds (``native.h``'s NANO_TAIL_*).
 BYTES, PLANES_F32, PLANES_F64, PIXELS_F32, PIXELS_F64 = range(5)
@@ -81,16 +84,14 @@ def reset() -> None:
 def prepare(recording: Recording) -> NativeRun | str:
     """The native run of ``recording``, or why it keeps the Python path."""
     ops = recording.ops
-    records = []
-    for op in ops:
-        if op.record is None:
-            return op.why
-        records.append(op.record)
+    records = [op.record for op in ops]
+    if None in records:
+        return ops[records.index(None)].why
     tail = ops[-1] if ops else None
     if not isinstance(tail, TensorTail):
         return "the recording does not end in the tensor tail"
     records.pop()  # the tail's: its table and output go to the runner apart
-    codes = frozenset(r[0] for r in records)
+    codes = frozenset(map(_code, records))
     why = _ready.get(codes)
     if why is None:
         kernels = {"tables"}
@@ -103,16 +104,25 @@ def prepare(recording: Recording) -> NativeRun | str:
         return why
     h, w = recording.hw
     channels = 1 if recording.mode == "L" else 3
-    if tail.to_bytes:
-        kind, table = BYTES, None
-    else:
-        table = tail.table
-        dtype = table.dtype
-        if dtype is not _F32 and dtype is not _F64 and dtype not in (_F32, _F64):  # (identity first: it is cheap)
-            return f"a tensor tail of {dtype}"
-        f64 = dtype is _F64 or dtype == _F64
-        kind = (PLANES_F64 if f64 else PLANES_F32) if tail.planes else (PIXELS_F64 if f64 else PIXELS_F32)
+    runner_tail = tail.runner_tail
+    if runner_tail is None:  # (the op is shared by a run's recordings: once per run)
+        runner_tail = tail.runner_tail = _runner_tail(tail)
+    if type(runner_tail) is str:
+        return runner_tail
+    kind, table = runner_tail
     return NativeRun(tuple(records), kind, table, (h, w, channels))
+
+
+def _runner_tail(tail: TensorTail) -> tuple[int, Any] | str:
+    """The op runner's tail kind and table for ``tail``, or why it has none."""
+    if tail.to_bytes:
+        return BYTES, None
+    table = tail.table
+    dtype = table.dtype
+    if dtype != _F32 and dtype != _F64:
+        return f"a tensor tail of {dtype}"
+    f64 = dtype == _F64
+    return ((PLANES_F64 if f64 else PLANES_F32) if tail.planes else (PIXELS_F64 if f64 else PIXELS_F32)), table
 
 
 def _settings() -> tuple[int, int, int, int]:
@@ -151,6 +161,43 @@ def run(job: NativeRun, a: np.ndarray) -> Any:
     return tensor
 
 
+#: Files larger than this are read by Python (its read decides what happens).
+_FILE_MAX_BYTES = 1 << 30
+
+
+def run_file(job: NativeRun, path: Any, size: tuple[int, int]) -> Any:
+    """``job`` on the JPEG file at ``path`` as one native call, the GIL released once: read, checked as
+    ``batch_loader._read_indexed`` checks it (still a whole, plain JPEG of the draw's ``size``), its first crop's
+    window decoded alone (or the whole image, where the ops do not start with a crop), then the ops and the tail.
+    The sample's tensor; or the file's bytes, where it was read but is left to the Python path (another size,
+    truncated, damaged, a JPEG not region-decoded here); or None (not read: the Python path reads it, and meets
+    its error)."""
+    try:
+        jpeg = native.kernel("crop_decode")
+    except native.NativeUnavailable:
+        return None
+    api = getattr(jpeg, "file_api", None)
+    mod = native.kernel("tables")
+    if api is None or not hasattr(mod, "run_ops_file"):
+        return None  # (compiled kernels from before this path)
+    records = job.records
+    window = bool(records) and records[0][0] == OP_CROP
+    if not window:
+        records = ((OP_CROP, 0, 0, size[0], size[1], 0.0, None), *records)
+    out, tensor = (job.slot, job.slot_tensor) if job.slot is not None else _own_output(job)
+    got = mod.run_ops_file(api, path, size, (True, native.crop_multiscan()), _FILE_MAX_BYTES, records, job.kind,
+                           job.table, out, job.shape, _settings())
+    if got is True:
+        if report.stats is not None:
+            report.stats.count("vision_datasets", True, _DECODED[window])
+        return tensor
+    return got if got is not False else None
+
+
+#: What the run report counts for a file decoded by :func:`run_file`: its first crop's window, or all of it.
+_DECODED = {True: "JPEG window decoded by libjpeg-turbo (crop region)", False: "JPEG decoded by libjpeg-turbo"}
+
+
 def run_jpeg(job: NativeRun, data: bytes, size: tuple[int, int], path: Any) -> Any:
     """``job`` on a JPEG not decoded yet: its first crop decoded alone where it can be (as ``pixels.JpegPixels``),
     else the whole file decoded first."""
@@ -165,7 +212,7 @@ def run_jpeg(job: NativeRun, data: bytes, size: tuple[int, int], path: Any) -> A
             pass  # the whole file, as without crop decoding: its own rules, its own errors
         else:
             if report.stats is not None:
-                report.stats.count("vision_datasets", True, "JPEG window decoded by libjpeg-turbo (crop region)")
+                report.stats.count("vision_datasets", True, _DECODED[True])
             rest = NativeRun(job.records[1:], job.kind, job.table, job.shape, job.slot, job.slot_tensor)
             return run(rest, region)
     a = decode.decode_rgb(path, data=data, checked=True)

@@ -358,10 +358,16 @@ class Crop(Op):
         return px
 
 
-def _native_filters() -> dict[int, str]:
-    from . import native  # (imported late: native's checks import this module's neighbours)
+_filters: dict[int, str] | None = None
 
-    return native.FILTERS
+
+def _native_filters() -> dict[int, str]:
+    global _filters
+    if _filters is None:
+        from . import native  # (imported late: native's checks import this module's neighbours)
+
+        _filters = native.FILTERS
+    return _filters
 
 
 class Resize(Op):
@@ -402,9 +408,14 @@ class VFlip(Op):
         return px
 
 
+#: The flips have no parameters: every recording shares one of each (an op is never changed once made).
+_HFLIP, _VFLIP = HFlip(), VFlip()
+
+
 def _plain_factor(factor: Any) -> float | None:
     """A factor the kernels take as they are (``functional._factor``), else None (Python decides)."""
-    if type(factor) not in (float, int) or not math.isfinite(factor) or abs(factor) > 1e30:
+    t = type(factor)
+    if (t is not float and t is not int) or not math.isfinite(factor) or abs(factor) > 1e30:
         return None
     return float(factor)
 
@@ -520,10 +531,12 @@ class TensorTail(Op):
     (None for a uint8 tensor).
     """
 
-    __slots__ = ("tail", "uint8", "channels", "table", "planes", "to_bytes")
+    __slots__ = ("tail", "uint8", "channels", "table", "planes", "to_bytes", "runner_tail")
 
     def __init__(self, tail: Any, uint8: bool, channels: int) -> None:
         self.tail, self.uint8, self.channels = tail, uint8, channels
+        #: the op runner's (kind, table) for this tail, or why it has none: worked out once (``oprunner.prepare``)
+        self.runner_tail: tuple[int, Any] | str | None = None
         #: ToTensor's layout (C x H x W planes), else PILToTensor's (a view of H x W x C pixels)
         self.planes = bool(tail.to_tensor)
         #: the pixels as a uint8 tensor: PILToTensor alone, or the uint8 stand-in for ToTensor
@@ -569,11 +582,15 @@ class Recording(Pixels):
     the pixels while drawing (a stock step, a stock fallback inside a step) raises :class:`NotSplittable`.
     """
 
-    __slots__ = ("ops", "_hw", "_mode", "draws", "erasures")
+    __slots__ = ("ops", "_hw", "_mode", "draws", "erasures", "shared")
 
-    def __init__(self, hw: tuple[int, int], mode: str = "RGB", draws: Any = None) -> None:
+    def __init__(self, hw: tuple[int, int], mode: str = "RGB", draws: Any = None,
+                 shared: dict[Any, Any] | None = None) -> None:
         self.ops: list[Op] = []
         self.draws = draws
+        #: what the recordings of one run of samples share (their tensor tail's op): no user code runs between
+        #: their draws, so what it is made of (a Normalize's constants) cannot change among them
+        self.shared = shared
         #: a deferred tail's RandomErasing draws (``data.device_tail.Erasure``), made with the others: the render's
         #: uint8 image goes out with them (``data.device_tail.ErasedImage``)
         self.erasures: list[Any] | None = None
@@ -615,10 +632,10 @@ class Recording(Pixels):
         self._hw = (height, width)
 
     def hflip(self) -> None:
-        self.ops.append(HFlip())
+        self.ops.append(_HFLIP)
 
     def vflip(self) -> None:
-        self.ops.append(VFlip())
+        self.ops.append(_VFLIP)
 
     def point(self, kernel: Callable[..., np.ndarray], *args: Any) -> Pixels:
         self.ops.append(Point(kernel, args))

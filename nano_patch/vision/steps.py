@@ -60,12 +60,17 @@ def _size_request(size: Any) -> list[int]:
     raise UseStock
 
 
-def _resize_to(px: Pixels, size: Any, interpolation: Any, max_size: Any, antialias: Any) -> None:
-    """``F.resize`` of the current image, for the arguments it takes without a warning or an error."""
-    f = _pil_filter(interpolation)
-    if antialias is False:
-        raise UseStock  # stock warns that PIL always antialiases
-    request = _size_request(size)
+def _resize_to(px: Pixels, size: Any, interpolation: Any, max_size: Any, antialias: Any,
+               checked: tuple[int, list[int]] | None = None) -> None:
+    """``F.resize`` of the current image, for the arguments it takes without a warning or an error (``checked``:
+    the filter and size request, already worked out from these arguments)."""
+    if checked is None:
+        f = _pil_filter(interpolation)
+        if antialias is False:
+            raise UseStock  # stock warns that PIL always antialiases
+        request = _size_request(size)
+    else:
+        f, request = checked
     if max_size is not None and (len(request) != 1 or not isinstance(max_size, int) or max_size <= request[0]):
         raise UseStock
     h, w = px.hw
@@ -84,14 +89,13 @@ def run_resize(t: Any, px: Pixels) -> None:
 
 
 def run_random_resized_crop(t: Any, px: Pixels) -> None:
-    _pil_filter(t.interpolation)  # checked before the draws
-    _size_request(t.size)
+    checked = _pil_filter(t.interpolation), _size_request(t.size)  # checked before the draws
     if t.antialias is False:
         raise UseStock
     i, j, h, w = _drawn(px, lambda d: d.resized_crop(px.hw, t.scale, t.ratio),
                         lambda: t.get_params(px.proxy(), t.scale, t.ratio))
     px.crop(i, j, h, w)
-    _resize_to(px, t.size, t.interpolation, None, t.antialias)
+    _resize_to(px, t.size, t.interpolation, None, t.antialias, checked)
 
 
 def run_timm_random_resized_crop(t: Any, px: Pixels) -> None:

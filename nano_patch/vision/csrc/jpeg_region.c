@@ -18,10 +18,18 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <setjmp.h>
+#include <stdint.h>
 #include <stdio.h> /* jpeglib.h needs FILE and size_t declared first */
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "jpeg_file.h"
 
 #include <jpeglib.h>
 
@@ -303,6 +311,158 @@ static PyObject *py_decode_region(PyObject *self, PyObject *args, PyObject *kwar
     return result;
 }
 
+/* --- a file's window without the GIL (jpeg_file.h): read, checked as the Python path checks, decoded --- */
+
+/* The whole file, read to its end as Python's f.read() reads it. 0, or -1 (errno's failure, or too large). */
+static int read_file(const char *path, size_t max_bytes, unsigned char **out, size_t *out_len) {
+    int fd;
+    /* O_NONBLOCK: a FIFO (or a device) must not block here, without the GIL; it is not a regular file, and the
+     * caller's own read then decides (for a regular file the flag changes nothing) */
+    do
+        fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    while (fd < 0 && errno == EINTR);
+    if (fd < 0)
+        return -1;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < 0 || (unsigned long long)st.st_size > max_bytes) {
+        close(fd);
+        return -1;
+    }
+    size_t cap = (size_t)st.st_size + 1, n = 0; /* one spare byte: a file that grew is read on to its end */
+    unsigned char *buf = malloc(cap);
+    if (!buf) {
+        close(fd);
+        return -1;
+    }
+    for (;;) {
+        if (n == cap) {
+            if (cap > max_bytes / 2) {
+                free(buf);
+                close(fd);
+                return -1;
+            }
+            unsigned char *grown = realloc(buf, cap * 2);
+            if (!grown) {
+                free(buf);
+                close(fd);
+                return -1;
+            }
+            buf = grown;
+            cap *= 2;
+        }
+        ssize_t got = read(fd, buf + n, cap - n);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0) {
+            free(buf);
+            close(fd);
+            return -1;
+        }
+        if (got == 0)
+            break;
+        n += (size_t)got;
+    }
+    close(fd);
+    *out = buf;
+    *out_len = n;
+    return 0;
+}
+
+/* decode.looks_truncated: no end-of-image marker after the first start-of-scan (searched from byte 2). */
+static int looks_truncated(const unsigned char *d, size_t n) {
+    size_t sos = 0;
+    int found = 0;
+    for (size_t i = 2; i + 1 < n; i++)
+        if (d[i] == 0xFF && d[i + 1] == 0xDA) {
+            sos = i;
+            found = 1;
+            break;
+        }
+    if (!found)
+        return 1;
+    for (size_t i = n - 1; i > sos; i--)
+        if (d[i - 1] == 0xFF && d[i] == 0xD9)
+            return 0; /* the last end-of-image marker is after it */
+    return 1;
+}
+
+static int file_load(nano_jpeg_file *f) {
+    f->data = f->pixels = NULL;
+    f->window = NULL;
+    f->size = 0;
+    f->stride = 0;
+    f->why[0] = 0;
+    if (read_file(f->path, f->max_bytes, &f->data, &f->size) != 0)
+        return NANO_JPEG_UNREAD;
+    if (f->size < 2 || f->data[0] != 0xFF || f->data[1] != 0xD8) {
+        snprintf(f->why, sizeof(f->why), "not a JPEG");
+        return NANO_JPEG_REFUSED;
+    }
+    if (f->size > ULONG_MAX) {
+        snprintf(f->why, sizeof(f->why), "JPEG data too large");
+        return NANO_JPEG_REFUSED;
+    }
+    if (looks_truncated(f->data, f->size)) {
+        snprintf(f->why, sizeof(f->why), "a truncated JPEG");
+        return NANO_JPEG_REFUSED;
+    }
+    region_job *j = calloc(1, sizeof(region_job)); /* zeroed: jpeg_destroy_decompress is safe at any point */
+    if (!j)
+        return NANO_JPEG_NOMEM;
+    j->data = f->data;
+    j->size = (unsigned long)f->size;
+    j->top = f->top;
+    j->left = f->left;
+    j->height = f->height;
+    j->width = f->width;
+    j->check_rest = f->check_rest;
+    j->allow_multiscan = f->allow_multiscan;
+    int rc = open_region(j);
+    if (rc == OK && ((long long)j->cinfo.image_height != f->expect_h || (long long)j->cinfo.image_width != f->expect_w)) {
+        snprintf(j->why, sizeof(j->why), "the file is %u x %u, not the %lld x %lld its draw used",
+                 (unsigned)j->cinfo.image_height, (unsigned)j->cinfo.image_width, f->expect_h, f->expect_w);
+        rc = FAIL_REFUSED;
+    }
+    int out = NANO_JPEG_REFUSED;
+    if (rc == OK) {
+        size_t stride = (size_t)j->out_w * 3, rows = j->y1 - j->y0;
+        j->pixels = rows && stride > SIZE_MAX / rows ? NULL : malloc(rows && stride ? stride * rows : 1);
+        if (!j->pixels) {
+            out = NANO_JPEG_NOMEM;
+        } else if ((rc = read_region(j)) == OK) {
+            f->pixels = j->pixels;
+            f->stride = (ptrdiff_t)stride;
+            f->window = j->pixels + (size_t)(j->top - j->y0) * stride + (size_t)(j->left - j->x0) * 3;
+            out = NANO_JPEG_OK;
+        } else {
+            free(j->pixels);
+        }
+    }
+    if (out == NANO_JPEG_REFUSED) {
+        if (rc == FAIL_LIBJPEG)
+            snprintf(f->why, sizeof(f->why), "libjpeg: %s", j->err.message);
+        else
+            memcpy(f->why, j->why, sizeof(f->why));
+    }
+    jpeg_destroy_decompress(&j->cinfo);
+    free(j);
+    if (out == NANO_JPEG_OK) { /* the bytes are not needed any more */
+        free(f->data);
+        f->data = NULL;
+        f->size = 0;
+    }
+    return out;
+}
+
+static void file_release(nano_jpeg_file *f) {
+    free(f->data);
+    free(f->pixels);
+    f->data = f->pixels = NULL;
+    f->window = NULL;
+}
+
+static const nano_jpeg_file_api file_api = {NANO_JPEG_FILE_ABI, file_load, file_release};
+
 /* Where the libjpeg this module runs with was loaded from: another libjpeg already in the process can
  * shadow the system one, and the status line should say which one is checked. */
 static PyObject *py_library(PyObject *self, PyObject *noargs) {
@@ -328,6 +488,15 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_jpeg",
                                     "Crop-region JPEG decoding with the system's libjpeg-turbo.", -1, methods};
 
+static int add_file_api(PyObject *m) {
+    PyObject *capsule = PyCapsule_New((void *)&file_api, NANO_JPEG_FILE_CAPSULE, NULL);
+    if (capsule == NULL)
+        return -1;
+    int rc = PyModule_AddObjectRef(m, "file_api", capsule);
+    Py_DECREF(capsule);
+    return rc;
+}
+
 PyMODINIT_FUNC PyInit__jpeg(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
@@ -338,7 +507,7 @@ PyMODINIT_FUNC PyInit__jpeg(void) {
     if (region_error == NULL || PyModule_AddObjectRef(m, "Error", region_error) < 0 ||
         PyModule_AddStringConstant(m, "LIBJPEG_VERSION", "libjpeg-turbo " STR(LIBJPEG_TURBO_VERSION)) < 0 ||
         PyModule_AddIntConstant(m, "JPEG_LIB_VERSION", JPEG_LIB_VERSION) < 0 ||
-        PyModule_AddIntConstant(m, "MARGIN", NANO_JPEG_MARGIN) < 0) {
+        PyModule_AddIntConstant(m, "MARGIN", NANO_JPEG_MARGIN) < 0 || add_file_api(m) < 0) {
         Py_CLEAR(region_error);
         Py_DECREF(m);
         return NULL;

@@ -8,8 +8,10 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <string.h>
 
+#include "jpeg_file.h"
 #include "native.h"
 
 /* torch's generator reproduced (torch_draws.c): added to the module at its creation */
@@ -397,111 +399,233 @@ static PyObject *py_planes_lut(PyObject *self, PyObject *args) { return float_ta
 
 static PyObject *py_pixels_lut(PyObject *self, PyObject *args) { return float_tables(args, 0); }
 
-/* run_ops(src, ops, kind, table, dst, (height, width, channels), (order_rule, weights, grey_mode, saturation_mode)):
- * a sample's recorded ops on src, then its tail into dst, with the GIL released once (oplist.c). ops: a tuple of
- * (code, a, b, c, d, factor, table bytes or None); table: the tail's C x 256 float table (None for bytes); dst:
- * C-contiguous and writable, of the final image's size. */
-static PyObject *py_run_ops(PyObject *self, PyObject *args) {
-    PyObject *src_obj, *ops_obj, *table_obj, *dst_obj;
+/* A sample's ops and tail, parsed from run_ops' arguments: ops, a tuple of (code, a, b, c, d, factor, table bytes
+ * or None); the tail's kind, its C x 256 float table (None for bytes) and dst (C-contiguous, writable, of the final
+ * image's size). */
+typedef struct {
+    nano_op *ops;
+    int n_ops;
     nano_tail tail;
     nano_op_settings s;
-    memset(&tail, 0, sizeof(tail));
-    if (!PyArg_ParseTuple(args, "OO!iOO(iii)(iiii):run_ops", &src_obj, &PyTuple_Type, &ops_obj, &tail.kind, &table_obj,
-                          &dst_obj, &tail.height, &tail.width, &tail.channels, &s.order_rule, &s.weights,
-                          &s.grey_mode, &s.saturation_mode))
-        return NULL;
-    Py_ssize_t n = PyTuple_Size(ops_obj);
+    Py_buffer tb, db;
+    int have_table, have_dst;
+} op_run;
+
+static void op_run_release(op_run *r) {
+    if (r->have_table)
+        PyBuffer_Release(&r->tb);
+    if (r->have_dst)
+        PyBuffer_Release(&r->db);
+    PyMem_Free(r->ops);
+    r->ops = NULL;
+    r->have_table = r->have_dst = 0;
+}
+
+/* An int field of an op record (which must fit an int). */
+static int op_int(PyObject *item, int *out) {
+    long v = PyLong_AsLong(item);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (v < INT_MIN || v > INT_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "run_ops: an op's parameter does not fit an int");
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+/* One op record, (code, a, b, c, d, factor, table), read field by field: PyArg_ParseTuple's format parse cost
+ * more than the rest of a sample's call with the GIL held. 0, or -1 with an exception set. */
+static int parse_op(PyObject *record, nano_op *op, PyObject **table) {
+    if (record == NULL || !PyTuple_Check(record) || PyTuple_Size(record) != 7) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "run_ops: an op must be a tuple (code, a, b, c, d, factor, table)");
+        return -1;
+    }
+    int *fields[5] = {&op->code, &op->a, &op->b, &op->c, &op->d};
+    for (int k = 0; k < 5; k++)
+        if (op_int(PyTuple_GetItem(record, k), fields[k]) < 0)
+            return -1;
+    op->factor = PyFloat_AsDouble(PyTuple_GetItem(record, 5));
+    if (op->factor == -1.0 && PyErr_Occurred())
+        return -1;
+    *table = PyTuple_GetItem(record, 6);
+    return 0;
+}
+
+/* ops[skip:] of `ops_obj`, and the tail; 0, or -1 with an exception set (r released). */
+static int op_run_parse(op_run *r, PyObject *ops_obj, Py_ssize_t skip, PyObject *table_obj, PyObject *dst_obj) {
+    Py_ssize_t n = PyTuple_Size(ops_obj) - skip;
     if (n < 0 || n > 4096) {
         PyErr_SetString(PyExc_ValueError, "run_ops: too many ops");
-        return NULL;
+        return -1;
     }
-    nano_op *ops = PyMem_Calloc(n ? (size_t)n : 1, sizeof(nano_op));
-    if (!ops)
-        return PyErr_NoMemory();
+    r->n_ops = (int)n;
+    r->ops = PyMem_Calloc(n ? (size_t)n : 1, sizeof(nano_op));
+    if (!r->ops) {
+        PyErr_NoMemory();
+        return -1;
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
+        nano_op *op = &r->ops[i];
         PyObject *table = NULL;
-        nano_op *op = &ops[i];
-        if (!PyArg_ParseTuple(PyTuple_GetItem(ops_obj, i), "iiiiidO:run_ops op", &op->code, &op->a, &op->b, &op->c,
-                              &op->d, &op->factor, &table)) {
-            PyMem_Free(ops);
-            return NULL;
-        }
+        if (parse_op(PyTuple_GetItem(ops_obj, i + skip), op, &table) < 0)
+            goto fail;
         if (op->code == NANO_OP_LUT) {
             char *bytes;
             Py_ssize_t len;
             if (PyBytes_AsStringAndSize(table, &bytes, &len) < 0 || len != 256) {
                 if (!PyErr_Occurred())
                     PyErr_SetString(PyExc_ValueError, "run_ops: a table op needs 256 bytes");
-                PyMem_Free(ops);
-                return NULL;
+                goto fail;
             }
             memcpy(op->table, bytes, 256);
         }
     }
-    image_arg src;
-    Py_buffer tb, db;
-    int have_table = 0, rc = 0;
-    if (get_image(src_obj, "src", 0, 0, &src) < 0) {
-        PyMem_Free(ops);
-        return NULL;
-    }
-    if (PyObject_GetBuffer(dst_obj, &db, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
-        release(&src);
-        PyMem_Free(ops);
-        return NULL;
-    }
-    Py_ssize_t item = tail.kind == NANO_TAIL_BYTES ? 1
-                      : (tail.kind == NANO_TAIL_PLANES_F32 || tail.kind == NANO_TAIL_PIXELS_F32) ? 4 : 8;
+    nano_tail *tail = &r->tail;
+    if (PyObject_GetBuffer(dst_obj, &r->db, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
+        goto fail;
+    r->have_dst = 1;
+    Py_ssize_t item = tail->kind == NANO_TAIL_BYTES ? 1
+                      : (tail->kind == NANO_TAIL_PLANES_F32 || tail->kind == NANO_TAIL_PIXELS_F32) ? 4 : 8;
     const char *want_format = item == 1 ? "B" : item == 4 ? "f" : "d";
-    int ok = tail.kind >= NANO_TAIL_BYTES && tail.kind <= NANO_TAIL_PIXELS_F64 && tail.width > 0 &&
-             tail.height > 0 && (tail.channels == 1 || tail.channels == 3) && db.itemsize == item && db.format &&
-             strcmp(db.format, want_format) == 0;
+    int ok = tail->kind >= NANO_TAIL_BYTES && tail->kind <= NANO_TAIL_PIXELS_F64 && tail->width > 0 &&
+             tail->height > 0 && (tail->channels == 1 || tail->channels == 3) && r->db.itemsize == item &&
+             r->db.format && strcmp(r->db.format, want_format) == 0;
     Py_ssize_t rows = 1;
-    if (ok && tail.kind != NANO_TAIL_BYTES) {
-        if (PyObject_GetBuffer(table_obj, &tb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
-            PyBuffer_Release(&db);
-            release(&src);
-            PyMem_Free(ops);
-            return NULL;
-        }
-        have_table = 1;
-        ok = tb.ndim == 2 && tb.shape[1] == 256 && tb.itemsize == item && tb.format &&
-             strcmp(tb.format, want_format) == 0;
-        rows = ok ? tb.shape[0] : 0;
+    if (ok && tail->kind != NANO_TAIL_BYTES) {
+        if (PyObject_GetBuffer(table_obj, &r->tb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+            goto fail;
+        r->have_table = 1;
+        ok = r->tb.ndim == 2 && r->tb.shape[1] == 256 && r->tb.itemsize == item && r->tb.format &&
+             strcmp(r->tb.format, want_format) == 0;
+        rows = ok ? r->tb.shape[0] : 0;
         /* planes: one grey plane may broadcast to several rows (stock's Normalize); pixels: a row per channel */
-        ok = ok && (tail.kind == NANO_TAIL_PLANES_F32 || tail.kind == NANO_TAIL_PLANES_F64
-                        ? (rows == tail.channels || (tail.channels == 1 && rows >= 1 && rows <= 3))
-                        : rows == tail.channels);
-        tail.table = tb.buf;
-        tail.table_rows = (int)rows;
+        ok = ok && (tail->kind == NANO_TAIL_PLANES_F32 || tail->kind == NANO_TAIL_PLANES_F64
+                        ? (rows == tail->channels || (tail->channels == 1 && rows >= 1 && rows <= 3))
+                        : rows == tail->channels);
+        tail->table = r->tb.buf;
+        tail->table_rows = (int)rows;
     } else {
-        rows = tail.channels;
+        rows = tail->channels;
     }
-    ok = ok && db.len == (Py_ssize_t)tail.width * tail.height * rows * item;
+    ok = ok && r->db.len == (Py_ssize_t)tail->width * tail->height * rows * item;
     if (!ok) {
         PyErr_SetString(PyExc_ValueError, "run_ops: the tail's kind, table and dst do not agree");
-        rc = 1;
-    } else {
-        tail.dst = db.buf;
-        s.isa = current_isa;
-        Py_BEGIN_ALLOW_THREADS
-        rc = nano_run_ops(&src.v, ops, (int)n, &tail, &s);
-        Py_END_ALLOW_THREADS
-        if (rc == NANO_OPS_NOMEM)
-            PyErr_NoMemory();
-        else if (rc == NANO_OPS_SIZE)
-            PyErr_SetString(PyExc_ValueError, "run_ops: the ops end in another size than the tail's");
-        else if (rc)
-            PyErr_SetString(PyExc_ValueError, "run_ops: an op with bad parameters");
+        goto fail;
     }
-    if (have_table)
-        PyBuffer_Release(&tb);
-    PyBuffer_Release(&db);
+    tail->dst = r->db.buf;
+    r->s.isa = current_isa;
+    return 0;
+fail:
+    op_run_release(r);
+    return -1;
+}
+
+/* nano_run_ops' failure as an exception (0: none). */
+static int op_run_error(int rc) {
+    if (rc == NANO_OPS_NOMEM)
+        PyErr_NoMemory();
+    else if (rc == NANO_OPS_SIZE)
+        PyErr_SetString(PyExc_ValueError, "run_ops: the ops end in another size than the tail's");
+    else if (rc)
+        PyErr_SetString(PyExc_ValueError, "run_ops: an op with bad parameters");
+    return rc;
+}
+
+/* run_ops(src, ops, kind, table, dst, (height, width, channels), (order_rule, weights, grey_mode, saturation_mode)):
+ * a sample's recorded ops on src, then its tail into dst, with the GIL released once (oplist.c). */
+static PyObject *py_run_ops(PyObject *self, PyObject *args) {
+    PyObject *src_obj, *ops_obj, *table_obj, *dst_obj;
+    op_run r;
+    memset(&r, 0, sizeof(r));
+    if (!PyArg_ParseTuple(args, "OO!iOO(iii)(iiii):run_ops", &src_obj, &PyTuple_Type, &ops_obj, &r.tail.kind,
+                          &table_obj, &dst_obj, &r.tail.height, &r.tail.width, &r.tail.channels, &r.s.order_rule,
+                          &r.s.weights, &r.s.grey_mode, &r.s.saturation_mode))
+        return NULL;
+    image_arg src;
+    if (get_image(src_obj, "src", 0, 0, &src) < 0)
+        return NULL;
+    if (op_run_parse(&r, ops_obj, 0, table_obj, dst_obj) < 0) {
+        release(&src);
+        return NULL;
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = nano_run_ops(&src.v, r.ops, r.n_ops, &r.tail, &r.s);
+    Py_END_ALLOW_THREADS
+    op_run_error(rc);
+    op_run_release(&r);
     release(&src);
-    PyMem_Free(ops);
     if (rc)
         return NULL;
     Py_RETURN_NONE;
+}
+
+/* run_ops_file(file_api, path, (expect_h, expect_w), (check_rest, allow_multiscan), max_bytes, ops, kind, table, dst,
+ * (h, w, c), settings): the sample's file read, checked and decoded by _jpeg's file_api (jpeg_file.h), then its ops
+ * and tail as run_ops runs them, all with the GIL released once. ops[0] is a crop, the window decoded (its other
+ * ops run on that window); for the whole image, pass a crop of all of it. Returns True (dst written); the file's
+ * bytes where they were read but left to the caller (another size, truncated, damaged, not region-decoded here);
+ * False where the file could not be read (the caller's read meets the error). */
+static PyObject *py_run_ops_file(PyObject *self, PyObject *args) {
+    PyObject *api_obj, *path_obj, *ops_obj, *table_obj, *dst_obj;
+    nano_jpeg_file f;
+    op_run r;
+    memset(&f, 0, sizeof(f));
+    memset(&r, 0, sizeof(r));
+    unsigned long long max_bytes;
+    if (!PyArg_ParseTuple(args, "OO&(LL)(ii)KO!iOO(iii)(iiii):run_ops_file", &api_obj, PyUnicode_FSConverter,
+                          &path_obj, &f.expect_h, &f.expect_w, &f.check_rest, &f.allow_multiscan, &max_bytes,
+                          &PyTuple_Type, &ops_obj, &r.tail.kind, &table_obj, &dst_obj, &r.tail.height,
+                          &r.tail.width, &r.tail.channels, &r.s.order_rule, &r.s.weights, &r.s.grey_mode,
+                          &r.s.saturation_mode))
+        return NULL;
+    f.max_bytes = max_bytes > SIZE_MAX ? SIZE_MAX : (size_t)max_bytes;
+    const nano_jpeg_file_api *api = PyCapsule_GetPointer(api_obj, NANO_JPEG_FILE_CAPSULE);
+    PyObject *window = PyTuple_Size(ops_obj) > 0 ? PyTuple_GetItem(ops_obj, 0) : NULL;
+    int code = -1;
+    double unused_factor;
+    PyObject *unused_table;
+    if (api == NULL || window == NULL ||
+        !PyArg_ParseTuple(window, "iLLLL|dO:run_ops_file window", &code, &f.top, &f.left, &f.height, &f.width,
+                          &unused_factor, &unused_table)) {
+        Py_DECREF(path_obj);
+        return NULL;
+    }
+    if (api->abi != NANO_JPEG_FILE_ABI || code != NANO_OP_CROP) {
+        Py_DECREF(path_obj);
+        PyErr_SetString(PyExc_ValueError, "run_ops_file: needs _jpeg's file_api of this build and a crop first");
+        return NULL;
+    }
+    if (op_run_parse(&r, ops_obj, 1, table_obj, dst_obj) < 0) {
+        Py_DECREF(path_obj);
+        return NULL;
+    }
+    f.path = PyBytes_AsString(path_obj);
+    int loaded, rc = 0;
+    Py_BEGIN_ALLOW_THREADS
+    loaded = api->load(&f);
+    if (loaded == NANO_JPEG_OK) {
+        nano_view v = {f.window, f.stride, (int)f.width, (int)f.height, 3};
+        rc = nano_run_ops(&v, r.ops, r.n_ops, &r.tail, &r.s);
+    }
+    Py_END_ALLOW_THREADS
+    Py_DECREF(path_obj);
+    op_run_release(&r);
+    PyObject *result = NULL;
+    if (loaded == NANO_JPEG_OK) {
+        if (!op_run_error(rc))
+            result = Py_NewRef(Py_True);
+    } else if (loaded == NANO_JPEG_REFUSED) {
+        result = PyBytes_FromStringAndSize((const char *)f.data, (Py_ssize_t)f.size);
+    } else if (loaded == NANO_JPEG_UNREAD) {
+        result = Py_NewRef(Py_False);
+    } else {
+        PyErr_NoMemory();
+    }
+    api->release(&f);
+    return result;
 }
 
 static PyObject *py_isa(PyObject *self, PyObject *noargs) { return PyUnicode_FromString(isa_names[current_isa]); }
@@ -544,6 +668,10 @@ static PyMethodDef methods[] = {
     {"run_ops", py_run_ops, METH_VARARGS,
      "run_ops(src, ops, kind, table, dst, (h, w, c), settings): a sample's recorded ops, then its tail into dst, "
      "in one call with the GIL released (oplist.c)."},
+    {"run_ops_file", py_run_ops_file, METH_VARARGS,
+     "run_ops_file(file_api, path, (h, w), (check_rest, allow_multiscan), max_bytes, ops, kind, table, dst, shape, "
+     "settings) -> True | bytes | False: the file's window (ops[0], a crop) decoded by _jpeg, then run_ops, with the "
+     "GIL released once."},
     {"isa", py_isa, METH_NOARGS, "The instruction set the kernels use now."},
     {"best_isa", py_best_isa, METH_NOARGS, "The widest instruction set this CPU and build support."},
     {"set_isa", py_set_isa, METH_VARARGS, "set_isa(name): use 'generic', 'avx2', ... (at most best_isa())."},
