@@ -144,7 +144,7 @@ def build_extension(root: Path, inplace: bool, build_dir: Path) -> Path:
     from setuptools import Extension
 
     ext = Extension(EXTENSION, sources=[str(CSRC / s) for s in SOURCES], include_dirs=[str(CSRC)],
-                    depends=[str(CSRC / "native.h")], define_macros=_limited_api_macros(),
+                    depends=[str(CSRC / "native.h"), str(CSRC / "jpeg_file.h")], define_macros=_limited_api_macros(),
                     py_limited_api=limited_api())
     return _build(root, inplace, build_dir, ext)
 
@@ -165,7 +165,7 @@ def build_jpeg_extension(root: Path, inplace: bool, build_dir: Path,
     if static is None:
         lib = os.environ.get(JPEG_LIB_ENV, "").strip() or "jpeg"
         ext = Extension(JPEG_EXTENSION, sources=sources, libraries=[lib], define_macros=macros,
-                        py_limited_api=limited_api())
+                        depends=[str(CSRC / "jpeg_file.h")], py_limited_api=limited_api())
     else:
         # Linked in whole, so the user needs no libjpeg at all. Only PyInit__jpeg is exported (a version
         # script; zig's linker has no --exclude-libs): PIL, simplejpeg, OpenCV and torchvision each carry a
@@ -179,7 +179,7 @@ def build_jpeg_extension(root: Path, inplace: bool, build_dir: Path,
             link = [f"-Wl,--version-script={script}"]
         ext = Extension(JPEG_EXTENSION, sources=sources, include_dirs=[str(static / "include")],
                         extra_objects=[str(_static_jpeg_library(static))], extra_link_args=link,
-                        define_macros=macros, py_limited_api=limited_api())
+                        depends=[str(CSRC / "jpeg_file.h")], define_macros=macros, py_limited_api=limited_api())
     return _build(root, inplace, build_dir, ext)
 
 
