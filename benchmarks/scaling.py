@@ -31,9 +31,11 @@ machine with other load the GIL time grows: the table also gives the time per im
 waited for a core (``/proc/self/task/*/schedstat``), to tell such a run from a quiet one. ``f`` = GIL / CPU,
 and N threads give at most ``1 / (f + (1 - f) / N)`` (Amdahl). Checked against a thread that holds the GIL a
 known share of the time (pure-Python spins between hashlib calls, which release it): py-spy's share within 0.01
-at shares 0.007-0.72. ``--gil-rounds`` interleaved rounds, medians. py-spy is a dependency of the ``bench`` extra
-(pinned in constraints.txt); where it is missing, the sweep still runs and the GIL table is
-skipped with one warning (copy the wheel ``py_spy-0.4.1-py2.py3-none-manylinux_2_5_x86_64.manylinux1_x86_64.whl``
+at shares 0.007-0.72. The window is 8 s: on the 2-core VM, 3 s windows read high (one configuration: 52 us per
+image at 3 s, 41-43 at 6 and 10 s, two runs each). ``--gil-rounds`` interleaved rounds, medians. py-spy is a
+dependency of the ``bench`` extra (pinned in constraints.txt); where it is missing, the sweep still runs and the
+GIL table is skipped with one warning (copy the wheel
+``py_spy-0.4.1-py2.py3-none-manylinux_2_5_x86_64.manylinux1_x86_64.whl``
 to an offline machine, ``pip install`` it, or pass ``--py-spy PATH``). ``--gil-only`` runs only this part.
 
 Results: ``benchmarks/results/scaling[-quick].{json,png}`` (``--stem`` to change).
@@ -60,7 +62,45 @@ RESULTS = Path(__file__).parent / "results"
 PY_SPY_WHEEL = "py_spy-0.4.1-py2.py3-none-manylinux_2_5_x86_64.manylinux1_x86_64.whl"
 BOUNDS_AT = (4, 8, 16)
 
-CHILD = "import json, os, re, subprocess, sys, time\n" + LOADER_SETUP + r"""
+#: The GIL probe (a process of its own): at random times (exponential gaps, ``rate`` a second on average, so that
+#: nothing periodic in the loader beats with it) it reads the 8-byte word of the loader process that names the
+#: thread holding the GIL (CPython 3.11's ``_PyRuntime.gilstate.tstate_current``: NULL while nobody holds it), and
+#: prints py-spy's summary line, with its tick count. The read is all it does: no stack is walked, so nothing of
+#: the loader is paused or parsed.
+GIL_PROBE = r"""
+import os, random, sys, time
+pid, word, rate, seconds = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
+held = ticks = errors = 0
+end = time.perf_counter() + seconds
+while time.perf_counter() < end:
+    try:
+        held += os.pread(fd, 8, word) != bytes(8)
+        ticks += 1
+    except OSError:
+        errors += 1
+    time.sleep(random.expovariate(rate))
+print(f"Samples: {held} Errors: {errors} Ticks: {ticks}")
+"""
+
+CHILD = "import json, os, re, subprocess, sys, time\n" + f"GIL_PROBE = {GIL_PROBE!r}\n" + LOADER_SETUP + r"""
+def gil_word():
+    # CPython 3.11 keeps the thread state holding the GIL in _PyRuntime.gilstate.tstate_current (NULL while it is
+    # free), at offset 0x240 (what py-spy reads for 3.11); checked here: it must name this thread, which holds the
+    # GIL now. Elsewhere (another Python, a build laid out otherwise): None, and py-spy measures.
+    if sys.version_info[:2] != (3, 11):
+        return None
+    import ctypes
+    try:
+        base = ctypes.addressof(ctypes.c_char.in_dll(ctypes.pythonapi, "_PyRuntime"))
+        ctypes.pythonapi.PyThreadState_Get.restype = ctypes.c_void_p
+        me = ctypes.pythonapi.PyThreadState_Get()
+    except (AttributeError, ValueError, OSError):
+        return None
+    word = base + 0x240
+    return word if ctypes.c_void_p.from_address(word).value == me else None
+
+
 for _ in loader:  # the first epoch: workers started, page cache and decoded-image cache filled
     pass
 me = psutil.Process()
@@ -93,21 +133,25 @@ if cfg["mode"] == "gil":
         ctypes.CDLL(None).prctl(0x59616D61, ctypes.c_ulong(-1), 0, 0, 0)  # PR_SET_PTRACER, PR_SET_PTRACER_ANY
     except (OSError, AttributeError):
         pass
-    spy = subprocess.Popen([cfg["py_spy"], "record", "--pid", str(os.getpid()), "--gil", "--idle", "--nonblocking",
-                            "--rate", str(cfg["rate"]), "--duration", str(cfg["seconds"]), "--format", "raw",
-                            "--output", cfg["spy_out"]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True)  # py-spy prints its summary on stdout
+    word = gil_word() if cfg.get("probe") == "word" else None
+    if word is not None:  # the GIL holder's word, read from another process (GIL_PROBE)
+        cmd = [sys.executable, "-c", GIL_PROBE, str(os.getpid()), str(word), str(cfg["rate"]), str(cfg["seconds"])]
+    else:
+        cmd = [cfg["py_spy"], "record", "--pid", str(os.getpid()), "--gil", "--idle", "--nonblocking", "--rate",
+               str(cfg["rate"]), "--duration", str(cfg["seconds"]), "--format", "raw", "--output", cfg["spy_out"]]
+    spy = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # (summary on stdout)
     while spy.poll() is None:
         for x, y in loader:
             n += len(y)
             if spy.poll() is not None:
                 break
     err = spy.stdout.read()
-    found = re.search(r"Samples: (\d+) Errors: (\d+)", err)
+    found = re.search(r"Samples: (\d+) Errors: (\d+)(?: Ticks: (\d+))?", err)
     if spy.returncode != 0 or found is None:
-        raise SystemExit("py-spy failed (exit %s): %s" % (spy.returncode, err[-2000:]))
+        raise SystemExit("%s failed (exit %s): %s" % (cmd[0], spy.returncode, err[-2000:]))
     out.update(gil_samples=int(found.group(1)), spy_errors=int(found.group(2)),
-               ticks=cfg["rate"] * cfg["seconds"])
+               ticks=int(found.group(3)) if found.group(3) else cfg["rate"] * cfg["seconds"],
+               probe="word" if word is not None else "py-spy")
 else:
     while True:
         for x, y in loader:
@@ -199,7 +243,7 @@ def gil_table(args, root: str, cache_dir: str, py_spy: str, tmp: Path) -> dict:
         for pipeline, cache in GIL_CONFIGS:
             stock = cache == "stock"
             cfg = {"root": root, "pipeline": pipeline, "batch": args.gil_batch, "cache_dir": cache_dir,
-                   "mode": "gil", "py_spy": py_spy, "rate": args.rate, "seconds": args.gil_seconds,
+                   "mode": "gil", "py_spy": py_spy, "rate": args.rate, "seconds": args.gil_seconds, "probe": args.probe,
                    "spy_out": str(tmp / f"spy-{rnd}-{pipeline}-{cache}.txt"), "workers": 0,
                    "side": "stock" if stock else "patched", "cache": "off" if stock else cache,
                    "threads": 1 if stock else args.gil_threads, "torch_threads": args.torch_threads or None}
@@ -308,16 +352,18 @@ def main() -> None:
     ap.add_argument("--no-gil", action="store_true", help="only the sweep")
     ap.add_argument("--gil-threads", type=int, default=2)
     ap.add_argument("--gil-batch", type=int, default=16)
-    ap.add_argument("--gil-seconds", type=int, default=None, help="py-spy's window (4; quick 3)")
+    ap.add_argument("--gil-seconds", type=int, default=None, help="py-spy's window (8)")
     ap.add_argument("--gil-rounds", type=int, default=1)
     ap.add_argument("--rate", type=int, default=263, help="py-spy's samples per second (not a round number: no "
                     "beat with a timer's period)")
+    ap.add_argument("--probe", choices=("word", "py-spy"), default="word",
+                    help="the GIL's holder read directly (CPython 3.11; elsewhere py-spy), or py-spy --gil")
     ap.add_argument("--py-spy", default=None, help="py-spy's executable (default: beside python, or on PATH)")
     ap.add_argument("--stem", default=None)
     args = ap.parse_args()
     per_class = args.per_class or (100 if args.quick else 400)
     args.seconds = args.seconds or (1.5 if args.quick else 2.0)
-    args.gil_seconds = args.gil_seconds or (3 if args.quick else 4)
+    args.gil_seconds = args.gil_seconds or 8
     stem = args.stem or ("scaling-quick" if args.quick else "scaling")
     sys.path.insert(0, str(ROOT / "examples"))
     sys.path.insert(0, str(Path(__file__).parent))

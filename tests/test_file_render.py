@@ -157,3 +157,134 @@ def test_run_file_renders_the_whole_image_where_the_ops_start_otherwise(tmp_path
     native.kernel("tables").run_ops(whole, records, oprunner.PLANES_F32, TABLE, want, (20, 30, 3), _settings())
     assert np.array_equal(got.numpy(), want)
     assert oprunner.run_file(job, str(tmp_path / "missing.jpg"), (90, 120)) is None
+
+
+# --- the batch as one native call per loader thread (``oprunner.NativeBatch``) -----------------------------------
+
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+def _jpeg_folder(root, photos):
+    for cls in ("a", "b"):
+        (root / cls).mkdir(parents=True)
+    for i, im in enumerate(photos):
+        for j in range(3):
+            im.crop((j * 7, j * 3, im.width - j * 5, im.height - j)).save(root / "ab"[(i + j) % 2] / f"p{i}_{j}.jpg",
+                                                                           quality=88)
+    time_past = __import__("time").time() - 60  # (old enough for the decoded-image cache to store them)
+    for p in root.rglob("*.jpg"):
+        os.utime(p, (time_past, time_past))
+    return root
+
+
+def _pipelines():
+    import torchvision.transforms as T
+
+    return {
+        "pets": lambda: T.Compose([T.RandomResizedCrop(48), T.RandomHorizontalFlip(), T.ColorJitter(0.3, 0.3, 0.3),
+                                   T.ToTensor(), T.Normalize(MEAN, STD)]),
+        "c": lambda: T.Compose([T.Resize(56), T.CenterCrop(48), T.ToTensor(), T.Normalize(MEAN, STD)]),
+    }
+
+
+def _loader_epochs(root, make, epochs=3):
+    import torch
+    from _rng import rng_state, seed_all
+    from torch.utils.data import DataLoader
+    from torchvision.datasets import ImageFolder
+
+    seed_all(7)
+    loader = DataLoader(ImageFolder(str(root), transform=make()), batch_size=4, shuffle=True)
+    out = []
+    for _ in range(epochs):
+        out.append([(x.clone(), y.clone()) for x, y in loader])
+        out.append(rng_state())
+    assert all(type(x) is torch.Tensor for batch in out[::2] for x, _ in batch)
+    return out
+
+
+def _assert_same(stock, patched):
+    import torch
+    from _rng import rng_differences
+
+    assert len(stock) == len(patched)
+    for want, got in zip(stock, patched):
+        if isinstance(want, tuple):
+            assert rng_differences(got, want) == []
+            continue
+        assert len(want) == len(got)
+        for (wx, wy), (gx, gy) in zip(want, got):
+            assert wx.stride() == gx.stride() and torch.equal(wx, gx) and torch.equal(wy, gy)
+
+
+@pytest.mark.parametrize("cache", ["off", "on"])
+@pytest.mark.parametrize("name", ["pets", "c"])
+def test_later_epochs_render_each_batch_in_one_native_call_per_thread_as_stock(tmp_path, photos, monkeypatch,
+                                                                              cache, name):
+    """Epoch 1 reads every file in the draw; epochs 2 and 3 (the header index's sizes, or the cache's arrays) render
+    every sample through ``NativeBatch``: batches and generators equal stock's."""
+    import nano_patch
+
+    root = _jpeg_folder(tmp_path / "f", photos)
+    make = _pipelines()[name]
+    stock = _loader_epochs(root, make)
+    rendered = []
+    real_run = oprunner.NativeBatch.run
+    monkeypatch.setattr(oprunner.NativeBatch, "run", lambda self: rendered.append(real_run(self)) or rendered[-1])
+    nano_patch.patch_torch(loader_threads=2, cache_decoded=cache, cache_dir=str(tmp_path / "cache"))
+    _assert_same(stock, _loader_epochs(root, make))
+    n = len(list(root.rglob("*.jpg")))
+    assert sum(rendered) == 2 * n  # epochs 2 and 3, every sample
+
+
+def test_a_file_gone_since_its_draw_raises_stocks_error_at_its_sample(tmp_path, photos):
+    import nano_patch
+
+    root = _jpeg_folder(tmp_path / "f", photos)
+    make = _pipelines()["pets"]
+    victim = sorted(root.rglob("*.jpg"))[4]
+    nano_patch.patch_torch(loader_threads=2, cache_decoded="off")
+    from torch.utils.data import DataLoader
+    from torchvision.datasets import ImageFolder
+
+    ds = ImageFolder(str(root), transform=make())
+    for _ in DataLoader(ds, batch_size=4, shuffle=True):  # epoch 1: the header index filled
+        pass
+    victim.unlink()
+    nano_patch.unpatch_torch()
+    ds_stock = ImageFolder.__new__(ImageFolder)  # (the victim's entry kept, as in ds)
+    ds_stock.__dict__.update(ds.__dict__)
+    with pytest.raises(FileNotFoundError) as want:
+        for _ in DataLoader(ds_stock, batch_size=4):
+            pass
+    nano_patch.patch_torch(loader_threads=2, cache_decoded="off")
+    with pytest.raises(FileNotFoundError) as got:
+        for _ in DataLoader(ds, batch_size=4):
+            pass
+    assert str(got.value) == str(want.value)
+
+
+def test_prepare_batch_refuses_what_does_not_fit(tmp_path, photos):
+    data = _jpeg(photos[0].resize((200, 150)))
+    path = tmp_path / "a.jpg"
+    path.write_bytes(data)
+    mod = native.kernel("tables")
+    api = native.kernel("crop_decode").file_api
+    flat = np.empty(2 * 3 * 16 * 16, np.float32)
+    records = _records((0, 0, 150, 200), 16, 16)
+    args = (oprunner.PLANES_F32, TABLE, flat, (16, 16, 3), _settings(), (True, True), 1 << 30)
+    slot = 3 * 16 * 16 * 4
+    handle = mod.prepare_batch(api, [((str(path), (150, 200)), records, 0), ((str(path), (150, 200)), records, slot)],
+                               *args)
+    assert mod.run_batch(handle) == 2 and mod.batch_result(handle, 0) is True and mod.batch_result(handle, 1) is True
+    want = _two_calls(data, records, (16, 16, 3))
+    assert np.array_equal(flat[: slot // 4].reshape(3, 16, 16), want)
+    assert mod.run_batch(handle) == 0  # nothing left to take
+    with pytest.raises(ValueError, match="slot outside"):
+        mod.prepare_batch(api, [((str(path), (150, 200)), records, 2 * slot - 4)], *args)
+    with pytest.raises(ValueError, match="file_api"):
+        mod.prepare_batch(None, [((str(path), (150, 200)), records, 0)], *args)
+    with pytest.raises(ValueError, match="crop"):
+        mod.prepare_batch(api, [((str(path), (150, 200)), records[1:], 0)], *args)
+    with pytest.raises(IndexError):
+        mod.batch_result(handle, 2)

@@ -282,3 +282,91 @@ def test_every_sample_renders_in_one_native_call_and_tensor_batches_collate_with
     assert len(runs) == 12  # every sample of the epoch
     tensor_tail = name in ("pets", "c", "timm train")  # ToTensor's layout is stack's; PILToTensor's is not
     assert [c is not None for c in collated] == [tensor_tail] * 3
+
+
+def _normalised_epochs(folder, mean_between=None):
+    """Two batches of pets' pipeline; ``mean_between``: Normalize's mean set to it between them (a user's
+    change, which the second batch must see as stock sees it)."""
+    from torchvision.datasets import ImageFolder
+
+    seed_all(5)
+    norm = T.Normalize(list(MEAN), list(STD))
+    ds = ImageFolder(str(folder), transform=T.Compose([T.RandomResizedCrop(48), T.RandomHorizontalFlip(),
+                                                       T.ToTensor(), norm]))
+    out = []
+    for k, (x, y) in enumerate(DataLoader(ds, batch_size=4, shuffle=True)):
+        out.append((x.clone(), y.clone()))
+        if k == 0 and mean_between is not None:
+            norm.mean = mean_between
+        if k == 1:
+            break
+    return out
+
+
+def test_a_normalize_changed_between_batches_is_seen_by_the_next_batch(mixed_folder):
+    """The draw step makes a run's tensor tail op once for all its samples (no user code runs between their
+    draws); a Normalize the user changes between two batches gives the second one stock's new values."""
+    stock = _normalised_epochs(mixed_folder, [0.1, 0.2, 0.3])
+    nano_patch.patch_torch(loader_threads=2)
+    patched = _normalised_epochs(mixed_folder, [0.1, 0.2, 0.3])
+    unchanged = _normalised_epochs(mixed_folder)
+    for (wx, wy), (gx, gy) in zip(stock, patched):
+        assert torch.equal(wx, gx) and torch.equal(wy, gy)
+    assert not torch.equal(stock[1][0], unchanged[1][0])  # (the change shows in stock's second batch)
+
+
+def test_the_common_batch_is_collated_as_stocks_default_collate(mixed_folder, monkeypatch):
+    """A batch of (image, int) pairs rendered into one batch tensor: the fetch collates it without stock's walk
+    (``collate.collate_pairs``), to what stock's ``default_collate`` gives (values, dtypes, strides, types)."""
+    from nano_patch.data import collate
+
+    taken = []
+    real = collate.collate_pairs
+    monkeypatch.setattr(collate, "collate_pairs", lambda data: taken.append(real(data)) or taken[-1])
+    stock = _epochs(mixed_folder, PIPELINES["pets"], epochs=1)
+    nano_patch.patch_torch(loader_threads=2)
+    _equal(stock, _epochs(mixed_folder, PIPELINES["pets"], epochs=1))
+    assert len(taken) == 3 and all(type(b) is list and len(b) == 2 for b in taken)
+
+
+def _slots_batch(n=3):
+    """``n`` (image, target) pairs whose images are the marked slots of one batch tensor, as the render makes."""
+    from nano_patch.data import collate
+
+    base = torch.arange(n * 2 * 3 * 4, dtype=torch.float32).reshape(n, 2, 3, 4)
+    return base, [(collate.mark_slot(slot, base, k), k + 10) for k, slot in enumerate(base.unbind(0))]
+
+
+def test_collate_pairs_takes_only_what_stocks_walk_would_collate_the_same_way(monkeypatch):
+    from torch.utils.data import default_collate
+    from torch.utils.data._utils import collate as torch_collate
+
+    from nano_patch.data import collate
+
+    collate.install()
+    try:
+        base, batch = _slots_batch()
+        got = collate.collate_pairs(batch)
+        assert type(got) is list and got[0] is base and torch.equal(got[1], torch.tensor([10, 11, 12]))
+        base, batch = _slots_batch()
+        assert collate.collate_pairs([batch[1], batch[0], batch[2]]) is None  # not in the tensor's order
+        want = default_collate([(x.clone(), y) for x, y in batch])
+        got = default_collate(batch)  # (the marks stay where collate_pairs declined)
+        assert torch.equal(got[0], want[0]) and got[0] is base
+        others = [
+            [(x, float(y)) for x, y in _slots_batch()[1]],  # float targets
+            [(x, bool(y)) for x, y in _slots_batch()[1]],  # bool targets (stock: not collate_int_fn's type)
+            [[x, y] for x, y in _slots_batch()[1]],  # lists, not tuples
+            [(x, y, y) for x, y in _slots_batch()[1]],  # three columns
+            [(x.clone(), y) for x, y in _slots_batch()[1]],  # not slots
+            tuple(_slots_batch()[1]),  # not a list
+            [],
+        ]
+        for data in others:
+            assert collate.collate_pairs(data) is None
+        base, batch = _slots_batch()
+        monkeypatch.setitem(torch_collate.default_collate_fn_map, int, lambda b, **kw: "mine")
+        assert collate.collate_pairs(batch) is None  # a user's collation of ints: stock's walk, which calls it
+        assert default_collate(batch)[1] == "mine"
+    finally:
+        collate.uninstall()

@@ -45,7 +45,7 @@ from .image import FastImage, plain
 ARRAY, JPEG_WINDOW, DECODE = "array", "jpeg window", "decode"
 
 
-@dataclass
+@dataclass(slots=True)
 class Job:
     """One sample of a batch, between its draw and its render."""
 
@@ -63,7 +63,7 @@ class Job:
     native: oprunner.NativeRun | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class Rendered:
     sample: Any
     decoded: np.ndarray | None  # a full decode to store, or None
@@ -261,7 +261,11 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
         job.native = run  # (all of them: into one batch tensor, which default_collate then takes as it is)
     drawn = time.perf_counter()
     state = torch_state.capture() if n_threads > 1 and len(jobs) > 1 else None
-    outcomes = loader_pool.map_outcomes(_render, jobs, n_threads, state)
+    batch = _native_batch(jobs)
+    if batch is not None:
+        outcomes = _render_batch(batch, jobs, n_threads, state)
+    else:
+        outcomes = loader_pool.map_outcomes(_render, jobs, n_threads, state)
     done = time.perf_counter()
     committed = 0
     stale = False  # the samples left were drawn from a state that is not stock's: one by one, in order
@@ -369,10 +373,12 @@ def _source(path: Any, store: cache.Store | None, crop_window: bool, index: file
     cache), and, for a JPEG to decode, its size from the header, after PIL's open checks. ``headers``: where the
     image is not cached, the dataset's index of plain JPEGs' sizes (the file is then read on the render's thread).
     """
-    found = source.look_up(store, path, index=index, size_rule=lambda h, w: _guard(decode.check_size, h, w))
-    if found.kind == source.HIT:  # stock's size rule applied, as its open of the file
-        return Job(ARRAY, path, None, array=found.array)
-    material = found.material  # a miss to store, or None
+    material = None  # a miss to store, or None
+    if store is not None:
+        found = source.look_up(store, path, index=index, size_rule=lambda h, w: _guard(decode.check_size, h, w))
+        if found.kind == source.HIT:  # stock's size rule applied, as its open of the file
+            return Job(ARRAY, path, None, array=found.array)
+        material = found.material
     if material is None and headers is not None:
         indexed = headers.size_of(path)
         if indexed is not None:  # a plain, whole JPEG, unchanged: its open checks come down to the size rule
@@ -413,13 +419,65 @@ def _read_indexed(job: Job, data: bytes | None = None) -> None:
     job.data = data
 
 
-def _render(job: Job) -> Rendered:
+def _native_batch(jobs: list[Job]) -> oprunner.NativeBatch | None:
+    """The batch's renders as one native call per loader thread (``oprunner.NativeBatch``), where every sample
+    renders natively into the batch tensor from an array (the cache's, or one decoded in the draw) or from a JPEG
+    the header index answered for; else None."""
+    if not jobs or any(j.native is None or j.native.flat is None for j in jobs):
+        return None
+    sources: list[Any] = []
+    for job in jobs:
+        if job.kind == ARRAY:
+            sources.append(job.array)
+        elif job.data is None:
+            sources.append((job.path, job.size))
+        else:
+            return None  # (bytes read in the draw: the first epoch, or a miss to store)
+    return oprunner.native_batch([j.native for j in jobs], sources)
+
+
+def _render_batch(batch: oprunner.NativeBatch, jobs: list[Job], n_threads: int,
+                  state: Any) -> list[tuple[bool, Any]]:
+    """``_render`` of each job, as outcomes, by ``batch``: one native call per thread; a sample it leaves (a file
+    changed since its draw, damaged, unreadable) renders by the Python path here, after the others."""
+    from ..data import loader_pool
+
+    start = time.perf_counter()
+    calls = min(n_threads, len(jobs))
+    loader_pool.map_outcomes(lambda _: batch.run(), range(calls), n_threads, state)
+    each = (time.perf_counter() - start) * calls / len(jobs)
+    stats = report.stats
+    done = batch.done()
+    outcomes: list[tuple[bool, Any]] = []
+    for k, job in enumerate(jobs):
+        if done[k] and stats is None:  # (the common case first: written to its slot)
+            outcomes.append((True, Rendered(job.native.slot_tensor, None, False, 0.0, each)))  # type: ignore
+            continue
+        try:
+            got = batch.result(k)
+            if got is not None and not isinstance(got, bytes):
+                if stats is not None and job.kind != ARRAY:
+                    stats.count("vision_datasets", True, oprunner.DECODED[job.kind == JPEG_WINDOW])
+                outcomes.append((True, Rendered(got, None, False, 0.0, each)))
+                continue
+            outcomes.append((True, _render(job, got, native_file=False)))
+        except Exception as exc:  # noqa: BLE001 - the caller's to judge, in order (as map_outcomes gives it)
+            outcomes.append((False, exc))
+    return outcomes
+
+
+def _render(job: Job, read: bytes | None = None, native_file: bool = True) -> Rendered:
+    """The sample's pixels, by its native run or the Python path. ``read``: the bytes of a header-indexed file,
+    already read (by a native call that left it); ``native_file``: such a file may be read, decoded and rendered
+    in one native call first."""
     start = time.perf_counter()
     decoded, reproducible, decode_s = None, False, 0.0
     if job.data is None and job.kind != ARRAY:
         # the header index answered the draw: where the sample runs natively, its file read, checks, decode, ops
         # and tail are one native call (the GIL released once); what that call leaves takes the Python path
-        got = oprunner.run_file(job.native, job.path, job.size) if job.native is not None else None
+        got = read
+        if got is None and native_file and job.native is not None:
+            got = oprunner.run_file(job.native, job.path, job.size)
         if got is not None and not isinstance(got, bytes):
             return Rendered(got, None, False, 0.0, time.perf_counter() - start)
         _read_indexed(job, got)

@@ -36,7 +36,7 @@ _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
 REPORT_KEY = "vision_transforms"
 
 
-@dataclass
+@dataclass(slots=True)
 class NativeRun:
     """What one sample's native render needs, worked out in the draw."""
 
@@ -48,6 +48,9 @@ class NativeRun:
     slot: np.ndarray | None = None
     #: the slot's tensor (a view of the batch tensor), returned as the sample's image
     slot_tensor: Any = None
+    #: the batch tensor's memory as one flat array, and the slot's place in it, in bytes (:func:`batch_tensor`)
+    flat: np.ndarray | None = None
+    offset: int = 0
 
     @property
     def planes(self) -> bool:
@@ -189,13 +192,13 @@ def run_file(job: NativeRun, path: Any, size: tuple[int, int]) -> Any:
                            job.table, out, job.shape, _settings())
     if got is True:
         if report.stats is not None:
-            report.stats.count("vision_datasets", True, _DECODED[window])
+            report.stats.count("vision_datasets", True, DECODED[window])
         return tensor
     return got if got is not False else None
 
 
 #: What the run report counts for a file decoded by :func:`run_file`: its first crop's window, or all of it.
-_DECODED = {True: "JPEG window decoded by libjpeg-turbo (crop region)", False: "JPEG decoded by libjpeg-turbo"}
+DECODED = {True: "JPEG window decoded by libjpeg-turbo (crop region)", False: "JPEG decoded by libjpeg-turbo"}
 
 
 def run_jpeg(job: NativeRun, data: bytes, size: tuple[int, int], path: Any) -> Any:
@@ -212,7 +215,7 @@ def run_jpeg(job: NativeRun, data: bytes, size: tuple[int, int], path: Any) -> A
             pass  # the whole file, as without crop decoding: its own rules, its own errors
         else:
             if report.stats is not None:
-                report.stats.count("vision_datasets", True, _DECODED[True])
+                report.stats.count("vision_datasets", True, DECODED[True])
             rest = NativeRun(job.records[1:], job.kind, job.table, job.shape, job.slot, job.slot_tensor)
             return run(rest, region)
     a = decode.decode_rgb(path, data=data, checked=True)
@@ -285,16 +288,80 @@ def batch_tensor(jobs: list[NativeRun]) -> Any:
         return None
     base = torch.empty_strided(layout[0], layout[1], dtype=dtype)
     arrays = base.numpy()  # one NumPy view, indexed per slot (cheaper than a tensor's indexing)
+    # stack's layout is dense: its memory, in order, is one flat array, each slot a block of it (run_batch's dst)
+    flat = base.as_strided((base.numel(),), (1,)).numpy()
+    step = base.stride(0) * base.element_size()
     for k, (job, slot) in enumerate(zip(jobs, base.unbind(0))):
         if tuple(slot.stride()) != strides:  # they differ on a size-1 dimension: the sample's own strides
             slot = slot.as_strided(shape, strides)
         view = arrays[k] if first.planes else arrays[k].transpose(1, 2, 0)
         if not view.flags.c_contiguous:
             for j in jobs:
-                j.slot, j.slot_tensor = None, None
+                j.slot, j.slot_tensor, j.flat = None, None, None
             return None
         job.slot, job.slot_tensor = view, collate.mark_slot(slot, base, k)
+        job.flat, job.offset = flat, k * step
     return base
+
+
+class NativeBatch:
+    """A batch whose every sample renders natively into its slot of the batch tensor, with one native call per
+    loader thread (``_native.run_batch``): each call takes the next sample until none is left, with the GIL
+    released once. A sample is the cache's array, or a JPEG file (read, checked and window-decoded there, as
+    :func:`run_file` does); its ops were parsed once for the batch. What the call leaves (a file of another size,
+    truncated, damaged, unreadable) comes back from :meth:`result` for the Python path."""
+
+    def __init__(self, handle: Any, jobs: list[NativeRun]) -> None:
+        self._handle, self.jobs = handle, jobs
+        mod = native.kernel("tables")
+        self._run, self._done, self._result = mod.run_batch, mod.batch_done, mod.batch_result
+
+    def run(self) -> int:
+        """Render samples until none is left (call from each loader thread); how many this call rendered."""
+        return self._run(self._handle)
+
+    def done(self) -> bytes:
+        """Per sample, 1 where it was written to its slot (its tensor is ``jobs[k].slot_tensor``), else 0."""
+        return self._done(self._handle)
+
+    def result(self, k: int) -> Any:
+        """Sample ``k``'s tensor (its slot); or its file's bytes (read, but left to the Python path); or None (its
+        file not read). Raises what the op runner raises for its ops. Call once every :meth:`run` returned."""
+        got = self._result(self._handle, k)
+        if got is True:
+            return self.jobs[k].slot_tensor
+        return got if got is not False else None
+
+
+def native_batch(jobs: list[NativeRun | None], sources: list[Any]) -> NativeBatch | None:
+    """The batch as :class:`NativeBatch`, where every sample runs natively into the batch tensor and its source is
+    an array or an indexed JPEG file (``(path, (height, width))``; its ops starting with a crop, or the whole
+    image then); else None (each sample renders on its own)."""
+    if not jobs or any(j is None or j.flat is None for j in jobs):
+        return None
+    first = jobs[0]
+    files = any(type(s) is tuple for s in sources)
+    api = None
+    if files:
+        try:
+            api = getattr(native.kernel("crop_decode"), "file_api", None)
+        except native.NativeUnavailable:
+            return None
+        if api is None:
+            return None
+    mod = native.kernel("tables")
+    if not hasattr(mod, "prepare_batch"):
+        return None  # (compiled kernels from before this path)
+    items = []
+    for job, source in zip(jobs, sources):
+        records = job.records  # type: ignore[union-attr]
+        if type(source) is tuple and not (records and records[0][0] == OP_CROP):
+            size = source[1]
+            records = ((OP_CROP, 0, 0, size[0], size[1], 0.0, None), *records)
+        items.append((source, records, job.offset))  # type: ignore[union-attr]
+    handle = mod.prepare_batch(api, items, first.kind, first.table, first.flat, first.shape, _settings(),
+                               (True, native.crop_multiscan()), _FILE_MAX_BYTES)
+    return NativeBatch(handle, jobs)  # type: ignore[arg-type]
 
 
 def prepare_batch(recordings: list[Recording | None]) -> list[NativeRun | None]:

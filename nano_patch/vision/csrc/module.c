@@ -409,6 +409,7 @@ typedef struct {
     nano_op_settings s;
     Py_buffer tb, db;
     int have_table, have_dst;
+    Py_ssize_t slot_bytes; /* the tail's output, in bytes */
 } op_run;
 
 static void op_run_release(op_run *r) {
@@ -453,8 +454,11 @@ static int parse_op(PyObject *record, nano_op *op, PyObject **table) {
     return 0;
 }
 
-/* ops[skip:] of `ops_obj`, and the tail; 0, or -1 with an exception set (r released). */
-static int op_run_parse(op_run *r, PyObject *ops_obj, Py_ssize_t skip, PyObject *table_obj, PyObject *dst_obj) {
+/* ops[skip:] of `ops_obj`, and the tail; 0, or -1 with an exception set (r released). `batch_dst`: the batch's
+ * buffer, which holds every sample's slot (dst_obj is then not taken: only its format is checked here, and the
+ * slots' places by the caller). */
+static int op_run_parse(op_run *r, PyObject *ops_obj, Py_ssize_t skip, PyObject *table_obj, PyObject *dst_obj,
+                        const Py_buffer *batch_dst) {
     Py_ssize_t n = PyTuple_Size(ops_obj) - skip;
     if (n < 0 || n > 4096) {
         PyErr_SetString(PyExc_ValueError, "run_ops: too many ops");
@@ -483,15 +487,19 @@ static int op_run_parse(op_run *r, PyObject *ops_obj, Py_ssize_t skip, PyObject 
         }
     }
     nano_tail *tail = &r->tail;
-    if (PyObject_GetBuffer(dst_obj, &r->db, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
-        goto fail;
-    r->have_dst = 1;
+    const Py_buffer *db = batch_dst;
+    if (db == NULL) {
+        if (PyObject_GetBuffer(dst_obj, &r->db, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
+            goto fail;
+        r->have_dst = 1;
+        db = &r->db;
+    }
     Py_ssize_t item = tail->kind == NANO_TAIL_BYTES ? 1
                       : (tail->kind == NANO_TAIL_PLANES_F32 || tail->kind == NANO_TAIL_PIXELS_F32) ? 4 : 8;
     const char *want_format = item == 1 ? "B" : item == 4 ? "f" : "d";
     int ok = tail->kind >= NANO_TAIL_BYTES && tail->kind <= NANO_TAIL_PIXELS_F64 && tail->width > 0 &&
-             tail->height > 0 && (tail->channels == 1 || tail->channels == 3) && r->db.itemsize == item &&
-             r->db.format && strcmp(r->db.format, want_format) == 0;
+             tail->height > 0 && (tail->channels == 1 || tail->channels == 3) && db->itemsize == item &&
+             db->format && strcmp(db->format, want_format) == 0;
     Py_ssize_t rows = 1;
     if (ok && tail->kind != NANO_TAIL_BYTES) {
         if (PyObject_GetBuffer(table_obj, &r->tb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
@@ -509,12 +517,13 @@ static int op_run_parse(op_run *r, PyObject *ops_obj, Py_ssize_t skip, PyObject 
     } else {
         rows = tail->channels;
     }
-    ok = ok && r->db.len == (Py_ssize_t)tail->width * tail->height * rows * item;
+    r->slot_bytes = (Py_ssize_t)tail->width * tail->height * rows * item;
+    ok = ok && (batch_dst ? db->len >= r->slot_bytes : db->len == r->slot_bytes);
     if (!ok) {
         PyErr_SetString(PyExc_ValueError, "run_ops: the tail's kind, table and dst do not agree");
         goto fail;
     }
-    tail->dst = r->db.buf;
+    tail->dst = db->buf;
     r->s.isa = current_isa;
     return 0;
 fail:
@@ -546,7 +555,7 @@ static PyObject *py_run_ops(PyObject *self, PyObject *args) {
     image_arg src;
     if (get_image(src_obj, "src", 0, 0, &src) < 0)
         return NULL;
-    if (op_run_parse(&r, ops_obj, 0, table_obj, dst_obj) < 0) {
+    if (op_run_parse(&r, ops_obj, 0, table_obj, dst_obj, NULL) < 0) {
         release(&src);
         return NULL;
     }
@@ -598,7 +607,7 @@ static PyObject *py_run_ops_file(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "run_ops_file: needs _jpeg's file_api of this build and a crop first");
         return NULL;
     }
-    if (op_run_parse(&r, ops_obj, 1, table_obj, dst_obj) < 0) {
+    if (op_run_parse(&r, ops_obj, 1, table_obj, dst_obj, NULL) < 0) {
         Py_DECREF(path_obj);
         return NULL;
     }
@@ -626,6 +635,266 @@ static PyObject *py_run_ops_file(PyObject *self, PyObject *args) {
     }
     api->release(&f);
     return result;
+}
+
+/* --- a batch's samples as one native call per loader thread (run_batch) ---------------------------------------
+ *
+ * prepare_batch parses every sample's ops once (the GIL held once per batch, not per sample); then each loader
+ * thread calls run_batch, which releases the GIL and takes the next sample (an atomic counter) until none is left:
+ * its source (the cache's array, or the JPEG file read, checked and window-decoded by _jpeg's file_api), its ops,
+ * and its tail into its slot of the batch tensor. batch_result(k) says how sample k went, once every thread has
+ * returned. The samples are independent: each is written by the one thread that took it. */
+
+enum { ITEM_PENDING = 0, ITEM_DONE, ITEM_LEFT };
+
+typedef struct {
+    char *path;             /* a file to load (malloc'd), or NULL: `src` */
+    image_arg src;          /* the cache's array */
+    long long expect_h, expect_w;
+    nano_op *ops;           /* ops[0] is the window's crop where `path` is set */
+    int n_ops;
+    void *dst;
+    int state, rc;          /* ITEM_*; nano_run_ops' result */
+    nano_jpeg_file f;       /* a file left to the caller keeps its bytes here */
+    int loaded;
+} batch_item;
+
+typedef struct {
+    batch_item *items;
+    Py_ssize_t n;
+    nano_tail tail; /* its dst unused: each item's own */
+    nano_op_settings s;
+    Py_buffer tb, db;
+    int have_table, have_dst;
+    const nano_jpeg_file_api *api;
+    int check_rest, allow_multiscan;
+    size_t max_bytes;
+    int next; /* the next item to take (atomic) */
+    int running;
+} op_batch;
+
+#define OP_BATCH_CAPSULE "nano_patch.vision._native.op_batch"
+
+static void op_batch_free(op_batch *b) {
+    if (!b)
+        return;
+    for (Py_ssize_t i = 0; i < b->n; i++) {
+        batch_item *it = &b->items[i];
+        free(it->path);
+        release(&it->src);
+        PyMem_Free(it->ops);
+        if (b->api)
+            b->api->release(&it->f);
+    }
+    PyMem_Free(b->items);
+    if (b->have_table)
+        PyBuffer_Release(&b->tb);
+    if (b->have_dst)
+        PyBuffer_Release(&b->db);
+    PyMem_Free(b);
+}
+
+static void op_batch_destroy(PyObject *capsule) {
+    op_batch_free(PyCapsule_GetPointer(capsule, OP_BATCH_CAPSULE));
+}
+
+/* prepare_batch(file_api or None, items, kind, table, dst, (h, w, c), settings, (check_rest, allow_multiscan),
+ * max_bytes) -> a batch for run_batch. items: per sample (source, ops, offset): source an H x W (x 3) uint8 array
+ * or (path, (expect_h, expect_w)) of a JPEG file (its ops[0] the window's crop); offset, in bytes, of the sample's
+ * slot in dst (a C-contiguous buffer holding every slot). */
+static PyObject *py_prepare_batch(PyObject *self, PyObject *args) {
+    PyObject *api_obj, *items_obj, *table_obj, *dst_obj;
+    unsigned long long max_bytes;
+    op_batch *b = PyMem_Calloc(1, sizeof(op_batch));
+    if (!b)
+        return PyErr_NoMemory();
+    if (!PyArg_ParseTuple(args, "OO!iOO(iii)(iiii)(ii)K:prepare_batch", &api_obj, &PyList_Type, &items_obj,
+                          &b->tail.kind, &table_obj, &dst_obj, &b->tail.height, &b->tail.width, &b->tail.channels,
+                          &b->s.order_rule, &b->s.weights, &b->s.grey_mode, &b->s.saturation_mode, &b->check_rest,
+                          &b->allow_multiscan, &max_bytes))
+        goto fail;
+    b->max_bytes = max_bytes > SIZE_MAX ? SIZE_MAX : (size_t)max_bytes;
+    if (api_obj != Py_None) {
+        b->api = PyCapsule_GetPointer(api_obj, NANO_JPEG_FILE_CAPSULE);
+        if (!b->api)
+            goto fail;
+        if (b->api->abi != NANO_JPEG_FILE_ABI) {
+            PyErr_SetString(PyExc_ValueError, "prepare_batch: _jpeg's file_api is not this build's");
+            goto fail;
+        }
+    }
+    Py_ssize_t n = PyList_Size(items_obj);
+    if (n <= 0 || n > 1 << 20) {
+        PyErr_SetString(PyExc_ValueError, "prepare_batch: no samples, or too many");
+        goto fail;
+    }
+    if (PyObject_GetBuffer(dst_obj, &b->db, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
+        goto fail;
+    b->have_dst = 1;
+    b->items = PyMem_Calloc((size_t)n, sizeof(batch_item));
+    if (!b->items) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    b->n = n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        batch_item *it = &b->items[i];
+        PyObject *source, *ops_obj;
+        Py_ssize_t offset;
+        if (!PyArg_ParseTuple(PyList_GetItem(items_obj, i), "OO!n:prepare_batch item", &source, &PyTuple_Type,
+                              &ops_obj, &offset))
+            goto fail;
+        if (PyTuple_Check(source)) {
+            PyObject *path;
+            if (b->api == NULL) {
+                PyErr_SetString(PyExc_ValueError, "prepare_batch: a file sample needs _jpeg's file_api");
+                goto fail;
+            }
+            if (!PyArg_ParseTuple(source, "O&(LL):prepare_batch file", PyUnicode_FSConverter, &path, &it->expect_h,
+                                  &it->expect_w))
+                goto fail;
+            const char *bytes = PyBytes_AsString(path);
+            it->path = bytes ? strdup(bytes) : NULL;
+            Py_DECREF(path);
+            if (!it->path) {
+                if (!PyErr_Occurred())
+                    PyErr_NoMemory();
+                goto fail;
+            }
+        } else if (get_image(source, "src", 0, 0, &it->src) < 0) {
+            goto fail;
+        }
+        /* the ops and the tail, checked as run_ops checks them (the tail's buffers held once, by the batch) */
+        op_run r;
+        memset(&r, 0, sizeof(r));
+        r.tail = b->tail;
+        r.s = b->s;
+        if (it->path) {
+            PyObject *window = PyTuple_Size(ops_obj) > 0 ? PyTuple_GetItem(ops_obj, 0) : NULL;
+            nano_op first;
+            PyObject *unused;
+            if (window == NULL || parse_op(window, &first, &unused) < 0 || first.code != NANO_OP_CROP) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_ValueError, "prepare_batch: a file sample's ops start with its crop");
+                goto fail;
+            }
+            it->f.top = first.a;
+            it->f.left = first.b;
+            it->f.height = first.c;
+            it->f.width = first.d;
+        }
+        if (op_run_parse(&r, ops_obj, it->path ? 1 : 0, table_obj, dst_obj, &b->db) < 0)
+            goto fail;
+        if (offset < 0 || offset > b->db.len - r.slot_bytes || offset % b->db.itemsize != 0) {
+            op_run_release(&r);
+            PyErr_SetString(PyExc_ValueError, "prepare_batch: a slot outside dst");
+            goto fail;
+        }
+        it->ops = r.ops;
+        it->n_ops = r.n_ops;
+        r.ops = NULL;
+        if (!b->have_table && r.have_table) { /* keep the first item's table buffer for the batch */
+            b->tb = r.tb;
+            b->have_table = 1;
+            r.have_table = 0;
+            b->tail.table = b->tb.buf;
+            b->tail.table_rows = r.tail.table_rows;
+        }
+        op_run_release(&r);
+        it->dst = (char *)b->db.buf + offset;
+    }
+    b->s.isa = current_isa;
+    PyObject *capsule = PyCapsule_New(b, OP_BATCH_CAPSULE, op_batch_destroy);
+    if (!capsule)
+        goto fail;
+    return capsule;
+fail:
+    op_batch_free(b);
+    return NULL;
+}
+
+static void run_item(op_batch *b, batch_item *it) {
+    nano_tail tail = b->tail;
+    tail.dst = it->dst;
+    if (it->path) {
+        it->f.path = it->path;
+        it->f.expect_h = it->expect_h;
+        it->f.expect_w = it->expect_w;
+        it->f.check_rest = b->check_rest;
+        it->f.allow_multiscan = b->allow_multiscan;
+        it->f.max_bytes = b->max_bytes;
+        it->loaded = b->api->load(&it->f);
+        if (it->loaded != NANO_JPEG_OK) {
+            if (it->loaded != NANO_JPEG_REFUSED) /* nothing to hand back: free it now */
+                b->api->release(&it->f);
+            it->state = ITEM_LEFT;
+            return;
+        }
+        nano_view v = {it->f.window, it->f.stride, (int)it->f.width, (int)it->f.height, 3};
+        it->rc = nano_run_ops(&v, it->ops, it->n_ops, &tail, &b->s);
+        free(it->f.pixels); /* the decoded window is not needed any more */
+        it->f.pixels = NULL;
+    } else {
+        it->rc = nano_run_ops(&it->src.v, it->ops, it->n_ops, &tail, &b->s);
+    }
+    it->state = ITEM_DONE;
+}
+
+/* run_batch(batch): take samples until none is left, the GIL released; returns how many this call ran. */
+static PyObject *py_run_batch(PyObject *self, PyObject *capsule) {
+    op_batch *b = PyCapsule_GetPointer(capsule, OP_BATCH_CAPSULE);
+    if (!b)
+        return NULL;
+    Py_ssize_t ran = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (;;) {
+        int k = __atomic_fetch_add(&b->next, 1, __ATOMIC_RELAXED);
+        if (k >= b->n)
+            break;
+        run_item(b, &b->items[k]);
+        ran++;
+    }
+    Py_END_ALLOW_THREADS
+    return PyLong_FromSsize_t(ran);
+}
+
+/* batch_done(batch) -> bytes: per sample, 1 where it was written to its slot, else 0 (ask batch_result). */
+static PyObject *py_batch_done(PyObject *self, PyObject *capsule) {
+    op_batch *b = PyCapsule_GetPointer(capsule, OP_BATCH_CAPSULE);
+    if (!b)
+        return NULL;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, b->n);
+    if (!out)
+        return NULL;
+    char *flags = PyBytes_AsString(out);
+    for (Py_ssize_t i = 0; i < b->n; i++)
+        flags[i] = (char)(b->items[i].state == ITEM_DONE && b->items[i].rc == 0);
+    return out;
+}
+
+/* batch_result(batch, k): True (sample k written to its slot); its file's bytes (read but left to the caller);
+ * False (its file not read, or never taken); raises what run_ops raises for its ops. Call once every run_batch
+ * call has returned. */
+static PyObject *py_batch_result(PyObject *self, PyObject *args) {
+    PyObject *capsule;
+    Py_ssize_t k;
+    if (!PyArg_ParseTuple(args, "On:batch_result", &capsule, &k))
+        return NULL;
+    op_batch *b = PyCapsule_GetPointer(capsule, OP_BATCH_CAPSULE);
+    if (!b)
+        return NULL;
+    if (k < 0 || k >= b->n) {
+        PyErr_SetString(PyExc_IndexError, "batch_result: no such sample");
+        return NULL;
+    }
+    batch_item *it = &b->items[k];
+    if (it->state == ITEM_DONE)
+        return op_run_error(it->rc) ? NULL : Py_NewRef(Py_True);
+    if (it->state == ITEM_LEFT && it->loaded == NANO_JPEG_REFUSED)
+        return PyBytes_FromStringAndSize((const char *)it->f.data, (Py_ssize_t)it->f.size);
+    if (it->state == ITEM_LEFT && it->loaded == NANO_JPEG_NOMEM)
+        return PyErr_NoMemory();
+    return Py_NewRef(Py_False);
 }
 
 static PyObject *py_isa(PyObject *self, PyObject *noargs) { return PyUnicode_FromString(isa_names[current_isa]); }
@@ -668,6 +937,16 @@ static PyMethodDef methods[] = {
     {"run_ops", py_run_ops, METH_VARARGS,
      "run_ops(src, ops, kind, table, dst, (h, w, c), settings): a sample's recorded ops, then its tail into dst, "
      "in one call with the GIL released (oplist.c)."},
+    {"prepare_batch", py_prepare_batch, METH_VARARGS,
+     "prepare_batch(file_api, items, kind, table, dst, (h, w, c), settings, (check_rest, allow_multiscan), "
+     "max_bytes): a batch's samples (each an array or a JPEG file, its ops, its slot's offset in dst) parsed once."},
+    {"run_batch", py_run_batch, METH_O,
+     "run_batch(batch) -> int: take the batch's samples until none is left, the GIL released (call it from each "
+     "loader thread)."},
+    {"batch_done", py_batch_done, METH_O,
+     "batch_done(batch) -> bytes: 1 per sample written to its slot, 0 for the others (see batch_result)."},
+    {"batch_result", py_batch_result, METH_VARARGS,
+     "batch_result(batch, k) -> True | bytes | False: how sample k went (raises run_ops' errors)."},
     {"run_ops_file", py_run_ops_file, METH_VARARGS,
      "run_ops_file(file_api, path, (h, w), (check_rest, allow_multiscan), max_bytes, ops, kind, table, dst, shape, "
      "settings) -> True | bytes | False: the file's window (ops[0], a crop) decoded by _jpeg, then run_ops, with the "
