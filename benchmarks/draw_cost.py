@@ -72,8 +72,10 @@ for part in ("source", "draw_torch", "draw_native"):
                 batch_loader._source(p, store, crop_window, *extra)
         else:  # a batch run's draw step: its source, then its draws (torch's own, or made natively)
             draws = batch_loader._native_draws() if part == "draw_native" else None
-            for p in paths:
-                batch_loader._draw(batch_loader._source(p, store, crop_window, *extra), tf, draws)
+            for k, p in enumerate(paths):
+                if k % 64 == 0:  # a run's recordings share their tensor tail op and plan (batches of 64)
+                    kw = {"shared": {}} if "shared" in inspect.signature(batch_loader._draw).parameters else {}
+                batch_loader._draw(batch_loader._source(p, store, crop_window, *extra), tf, draws, **kw)
             if draws is not None:
                 draws.to_torch()
         passes.append((time.perf_counter() - t) / len(paths))

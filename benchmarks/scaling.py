@@ -324,7 +324,9 @@ def print_tables(result: dict) -> None:
                       f"rates {chose.get('images_per_s')})")
     gil = result.get("gil")
     if gil:
-        print(f"\nGIL per image (py-spy --gil), {result['gil_setup']}; medians of {result['gil_rounds']} rounds")
+        probes = sorted({r.get("probe", "py-spy") for g in result["gil"].values() for r in g["runs"]})
+        how = " and ".join("the GIL holder's word" if p == "word" else "py-spy --gil" for p in probes)
+        print(f"\nGIL per image ({how}), {result['gil_setup']}; medians of {result['gil_rounds']} rounds")
         print("| pipeline | GIL held per image | CPU per image | f | bound at 4 | 8 | 16 threads | "
               "waiting for a core |")
         print("|---|---|---|---|---|---|---|---|")
@@ -394,7 +396,7 @@ def main() -> None:
             if py_spy is None:
                 result["gil_skipped"] = f"py-spy not installed (needs {PY_SPY_WHEEL})"
             else:
-                result.update(gil_setup=f"{args.gil_threads} loader threads, batch {args.gil_batch}, py-spy at "
+                result.update(gil_setup=f"{args.gil_threads} loader threads, batch {args.gil_batch}, sampled at "
                                         f"{args.rate}/s for {args.gil_seconds} s per run",
                               gil_rounds=args.gil_rounds)
                 try:
