@@ -288,3 +288,32 @@ def test_prepare_batch_refuses_what_does_not_fit(tmp_path, photos):
         mod.prepare_batch(api, [((str(path), (150, 200)), records[1:], 0)], *args)
     with pytest.raises(IndexError):
         mod.batch_result(handle, 2)
+
+
+def test_a_batch_the_native_call_refuses_renders_sample_by_sample(tmp_path, photos, monkeypatch):
+    """``prepare_batch`` raising (a record it refuses) is never the user's error: the batch renders each sample on
+    its own, as before the batch call, and equals stock."""
+    import nano_patch
+
+    root = _jpeg_folder(tmp_path / "f", photos)
+    make = _pipelines()["pets"]
+    stock = _loader_epochs(root, make, epochs=2)
+
+    def refuse(*args):
+        raise ValueError("refused")
+
+    monkeypatch.setattr(native.kernel("tables"), "prepare_batch", refuse, raising=False)
+    nano_patch.patch_torch(loader_threads=2, cache_decoded="off")
+    _assert_same(stock, _loader_epochs(root, make, epochs=2))
+
+
+def test_a_file_grown_since_its_draw_is_left_before_anything_is_allocated_for_it(tmp_path, photos):
+    """A progressive JPEG of another (larger) size where the draw saw a small one: refused from its header, before
+    libjpeg sets up its decode (a whole-image coefficient buffer for a progressive file); the bytes come back."""
+    data = _jpeg(photos[0].resize((4000, 3000)), progressive=True)
+    path = tmp_path / "a.jpg"
+    path.write_bytes(data)
+    got, _ = _one_call(str(path), (150, 200), _records((0, 0, 150, 200), 16, 16), (16, 16, 3))
+    assert got == data
+    got, _ = _one_call(str(path), (0, 0), _records((0, 0, 150, 200), 16, 16), (16, 16, 3))
+    assert got == data  # no size to check against: left too

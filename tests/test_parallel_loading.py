@@ -115,7 +115,15 @@ def parallel_batches(monkeypatch):
             seen.append(len(items))
         return real(fn, items, n_threads, state)
 
+    real_on_threads = loader_pool.run_on_threads
+
+    def counted_on_threads(fn, n_threads):  # a batch rendered by one native call per thread
+        if n_threads > 1:
+            seen.append(n_threads)
+        return real_on_threads(fn, n_threads)
+
     monkeypatch.setattr(loader_pool, "map_outcomes", counted)
+    monkeypatch.setattr(loader_pool, "run_on_threads", counted_on_threads)
     return seen
 
 

@@ -340,6 +340,18 @@ def map_outcomes(fn: Callable[[T], R], items: Iterable[T], n_threads: int,
     return outcomes
 
 
+def run_on_threads(fn: Callable[[], Any], n_threads: int) -> None:
+    """``fn()`` on ``n_threads`` threads at once, the calling thread one of them, for work that shares its items
+    among its calls itself and runs no torch op (a native batch call: it needs none of the caller's torch state,
+    so no thread enters it). Returns once every call has returned; a call's exception is raised here."""
+    futures = [_executor(n_threads - 1).submit(fn) for _ in range(n_threads - 1)] if n_threads > 1 else []
+    try:
+        fn()
+    finally:
+        for future in futures:
+            future.result()
+
+
 def _executor(n_threads: int) -> ThreadPoolExecutor:
     global _pool, _pool_size, _pool_pid
     with _lock:

@@ -433,7 +433,10 @@ def _native_batch(jobs: list[Job]) -> oprunner.NativeBatch | None:
             sources.append((job.path, job.size))
         else:
             return None  # (bytes read in the draw: the first epoch, or a miss to store)
-    return oprunner.native_batch([j.native for j in jobs], sources)
+    try:
+        return oprunner.native_batch([j.native for j in jobs], sources)
+    except Exception:  # noqa: BLE001 - a record the batch call refuses: each sample renders on its own, and fails
+        return None  # there on its own (its error at its sample, as before)
 
 
 def _render_batch(batch: oprunner.NativeBatch, jobs: list[Job], n_threads: int,
@@ -443,8 +446,10 @@ def _render_batch(batch: oprunner.NativeBatch, jobs: list[Job], n_threads: int,
     from ..data import loader_pool
 
     start = time.perf_counter()
-    calls = min(n_threads, len(jobs))
-    loader_pool.map_outcomes(lambda _: batch.run(), range(calls), n_threads, state)
+    # the calls run no torch op (no thread enters the caller's torch state); where the caller's state cannot be
+    # held by another thread (state None), the calling thread takes them all, as map_outcomes would
+    calls = min(n_threads, len(jobs)) if state is not None else 1
+    loader_pool.run_on_threads(batch.run, calls)
     each = (time.perf_counter() - start) * calls / len(jobs)
     stats = report.stats
     done = batch.done()

@@ -71,6 +71,7 @@ typedef struct {
     const unsigned char *data;
     unsigned long size;
     long long top, left, height, width;
+    long long expect_h, expect_w; /* where > 0: the size the header must give (checked before anything is set up) */
     int check_rest, allow_multiscan;
     /* what is decoded: image rows y0..y1-1, columns x0..x0+out_w-1, into `pixels` (out_w * 3 a row) */
     JDIMENSION x0, y0, y1, out_w;
@@ -122,6 +123,12 @@ static int open_region(region_job *j) {
     jpeg_mem_src(c, j->data, j->size);
     if (jpeg_read_header(c, TRUE) != JPEG_HEADER_OK) {
         snprintf(j->why, sizeof(j->why), "no image in this JPEG data stream");
+        return FAIL_REFUSED;
+    }
+    if (j->expect_h > 0 && ((long long)c->image_height != j->expect_h || (long long)c->image_width != j->expect_w)) {
+        /* before jpeg_start_decompress: a file grown since its draw allocates nothing for its new size */
+        snprintf(j->why, sizeof(j->why), "the file is %u x %u, not the %lld x %lld its draw used",
+                 (unsigned)c->image_height, (unsigned)c->image_width, j->expect_h, j->expect_w);
         return FAIL_REFUSED;
     }
     if (c->jpeg_color_space != JCS_YCbCr && c->jpeg_color_space != JCS_GRAYSCALE) {
@@ -406,6 +413,10 @@ static int file_load(nano_jpeg_file *f) {
         snprintf(f->why, sizeof(f->why), "a truncated JPEG");
         return NANO_JPEG_REFUSED;
     }
+    if (f->expect_h <= 0 || f->expect_w <= 0) {
+        snprintf(f->why, sizeof(f->why), "no size to check the file against");
+        return NANO_JPEG_REFUSED;
+    }
     region_job *j = calloc(1, sizeof(region_job)); /* zeroed: jpeg_destroy_decompress is safe at any point */
     if (!j)
         return NANO_JPEG_NOMEM;
@@ -417,12 +428,9 @@ static int file_load(nano_jpeg_file *f) {
     j->width = f->width;
     j->check_rest = f->check_rest;
     j->allow_multiscan = f->allow_multiscan;
+    j->expect_h = f->expect_h; /* (checked positive above: the size is always compared) */
+    j->expect_w = f->expect_w;
     int rc = open_region(j);
-    if (rc == OK && ((long long)j->cinfo.image_height != f->expect_h || (long long)j->cinfo.image_width != f->expect_w)) {
-        snprintf(j->why, sizeof(j->why), "the file is %u x %u, not the %lld x %lld its draw used",
-                 (unsigned)j->cinfo.image_height, (unsigned)j->cinfo.image_width, f->expect_h, f->expect_w);
-        rc = FAIL_REFUSED;
-    }
     int out = NANO_JPEG_REFUSED;
     if (rc == OK) {
         size_t stride = (size_t)j->out_w * 3, rows = j->y1 - j->y0;
