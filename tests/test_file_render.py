@@ -317,3 +317,20 @@ def test_a_file_grown_since_its_draw_is_left_before_anything_is_allocated_for_it
     assert got == data
     got, _ = _one_call(str(path), (0, 0), _records((0, 0, 150, 200), 16, 16), (16, 16, 3))
     assert got == data  # no size to check against: left too
+
+
+def test_a_native_batch_call_that_fails_leaves_its_samples_to_the_python_path(tmp_path, photos, monkeypatch):
+    """``run_batch`` raising (in any thread) is never the user's error: the samples it did not render take the
+    Python path at their place, and the batches equal stock's."""
+    import nano_patch
+
+    root = _jpeg_folder(tmp_path / "f", photos)
+    make = _pipelines()["pets"]
+    stock = _loader_epochs(root, make, epochs=2)
+
+    def fail(self):
+        raise RuntimeError("a call that fails")
+
+    monkeypatch.setattr(oprunner.NativeBatch, "run", fail)
+    nano_patch.patch_torch(loader_threads=2, cache_decoded="off")
+    _assert_same(stock, _loader_epochs(root, make, epochs=2))

@@ -449,7 +449,9 @@ def _render_batch(batch: oprunner.NativeBatch, jobs: list[Job], n_threads: int,
     # the calls run no torch op (no thread enters the caller's torch state); where the caller's state cannot be
     # held by another thread (state None), the calling thread takes them all, as map_outcomes would
     calls = min(n_threads, len(jobs)) if state is not None else 1
-    loader_pool.run_on_threads(batch.run, calls)
+    # never the user's error: a sample a failed call did not render takes the Python path below
+    with contextlib.suppress(Exception):
+        loader_pool.run_on_threads(batch.run, calls)
     each = (time.perf_counter() - start) * calls / len(jobs)
     stats = report.stats
     done = batch.done()
