@@ -164,6 +164,18 @@ def run(job: NativeRun, a: np.ndarray) -> Any:
     return tensor
 
 
+def _starts_with_crop(records: tuple[tuple[Any, ...], ...]) -> bool:
+    return bool(records) and records[0][0] == OP_CROP
+
+
+def _window_first(records: tuple[tuple[Any, ...], ...], size: tuple[int, int]) -> tuple[tuple[Any, ...], ...]:
+    """A file's records for the native calls, which decode the window of their first crop: as they are where they
+    start with one, else behind a crop of the whole ``size`` image."""
+    if _starts_with_crop(records):
+        return records
+    return ((OP_CROP, 0, 0, size[0], size[1], 0.0, None), *records)
+
+
 #: Files larger than this are read by Python (its read decides what happens).
 _FILE_MAX_BYTES = 1 << 30
 
@@ -183,10 +195,8 @@ def run_file(job: NativeRun, path: Any, size: tuple[int, int]) -> Any:
     mod = native.kernel("tables")
     if api is None or not hasattr(mod, "run_ops_file"):
         return None  # (compiled kernels from before this path)
-    records = job.records
-    window = bool(records) and records[0][0] == OP_CROP
-    if not window:
-        records = ((OP_CROP, 0, 0, size[0], size[1], 0.0, None), *records)
+    window = _starts_with_crop(job.records)
+    records = _window_first(job.records, size)
     out, tensor = (job.slot, job.slot_tensor) if job.slot is not None else _own_output(job)
     got = mod.run_ops_file(api, path, size, (True, native.crop_multiscan()), _FILE_MAX_BYTES, records, job.kind,
                            job.table, out, job.shape, _settings())
@@ -355,9 +365,8 @@ def native_batch(jobs: list[NativeRun | None], sources: list[Any]) -> NativeBatc
     items = []
     for job, source in zip(jobs, sources):
         records = job.records  # type: ignore[union-attr]
-        if type(source) is tuple and not (records and records[0][0] == OP_CROP):
-            size = source[1]
-            records = ((OP_CROP, 0, 0, size[0], size[1], 0.0, None), *records)
+        if type(source) is tuple:
+            records = _window_first(records, source[1])
         items.append((source, records, job.offset))  # type: ignore[union-attr]
     handle = mod.prepare_batch(api, items, first.kind, first.table, first.flat, first.shape, _settings(),
                                (True, native.crop_multiscan()), _FILE_MAX_BYTES)
