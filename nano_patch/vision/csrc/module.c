@@ -9,6 +9,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "jpeg_file.h"
