@@ -380,7 +380,7 @@ def test_samples_left_to_python_are_counted_with_why(patched, photos, tmp_path):
     finally:
         report.stats = None
     assert jobs[0] is not None and jobs[1] is None and jobs[2] is None
-    assert jobs[0].slot is None  # not every sample native: no batch tensor
+    assert jobs[0].slot_tensor is None and jobs[0].flat is None  # not every sample native: no batch tensor
     assert counts[("vision_transforms", True, "sample rendered by the native op runner (one call)")] == 1
     assert counts[("vision_transforms", False,
                    "sample rendered by the Python path: equalize (its table depends on the image)")] == 1

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from .. import report
-from . import cache, compose_call, compose_plan, decode, file_index, native, oprunner, source, torch_draws
+from . import cache, compose_call, compose_plan, decode, draw_program, file_index, native, oprunner, source, torch_draws
 from .image import FastImage, plain
 
 #: A sample's pixels, as the draw found them: one of these kinds, with what the render needs.
@@ -210,6 +210,8 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
     # the samples' recordings share their tensor tail's op: no user code runs between their draws (a
     # target_transform runs after them all), so a Normalize's constants are the same for all of them
     shared: dict[Any, Any] = {}
+    # where every step of the plan is one the draw program knows: each sample's native run straight from its draws
+    program = draw_program.bind(transform, draws, shared) if draws is not None else None
 
     def rewind(j: int) -> None:
         """The generators where they were before the ``j``-th job's draws."""
@@ -236,7 +238,14 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
                 stop = _Stop(k)
                 break
             try:
-                _draw(job, transform, draws, shared)
+                run = program.draw(job.array.shape[:2] if job.array is not None else job.size) \
+                    if program is not None else None
+                if run is not None:
+                    job.native = run
+                else:
+                    _draw(job, transform, draws, shared)
+                    if program is not None:
+                        program.resync()  # (the plan drew this sample from the program's generator copy)
             except compose_plan.NotSplittable as exc:
                 if states is not None:
                     _restore(states)
@@ -257,17 +266,25 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
         if draws is not None:
             draws.to_torch()  # torch's generator where the run's draws leave it, as stock's would be
     after = _states(beyond) if before is not None and jobs else None
-    for job, run in zip(jobs, oprunner.prepare_batch([j.recording for j in jobs])):
+    for job, run in zip(jobs, oprunner.prepare_batch([j.native or j.recording for j in jobs])):
         job.native = run  # (all of them: into one batch tensor, which default_collate then takes as it is)
     drawn = time.perf_counter()
     state = torch_state.capture() if n_threads > 1 and len(jobs) > 1 else None
     batch = _native_batch(jobs)
+    outcomes: list[tuple[bool, Any]] = []
+    committed = 0
     if batch is not None:
-        outcomes = _render_batch(batch, jobs, n_threads, state)
+        each = _run_batch(batch, n_threads, state, len(jobs))
+        if stats is None and before is None and b"\0" not in batch.done() and not _erasing(jobs):
+            # the common batch: every sample in its slot, nothing to call or store between them: taken at once
+            out.extend(zip([job.native.slot_tensor for job in jobs],  # type: ignore[union-attr]
+                           [entry[1] for entry in entries[k0:k0 + len(jobs)]]))
+            committed = len(jobs)
+        else:
+            outcomes = _batch_outcomes(batch, jobs, each)
     else:
         outcomes = loader_pool.map_outcomes(_render, jobs, n_threads, state)
     done = time.perf_counter()
-    committed = 0
     stale = False  # the samples left were drawn from a state that is not stock's: one by one, in order
     for j, (job, (ok, rendered)) in enumerate(zip(jobs, outcomes)):
         k = k0 + j
@@ -304,7 +321,7 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
             raise stop.error  # PIL's guard: stock's error, where stock raises it
         out.append(_one_reusing(one, stop.k, stop.job) if stop.job is not None else one(stop.k))
     resume = stop.k + 1 if stop is not None else k0 + len(jobs)
-    if store is not None:
+    if store is not None:  # (the batch taken at once has no miss: outcomes is empty)
         for job, (ok, r) in zip(jobs[:committed], outcomes):
             if ok and job.material is not None and r.decoded is not None:
                 source.record_miss(store, job.material, r.decoded, r.decode_s, r.reproducible)
@@ -439,20 +456,27 @@ def _native_batch(jobs: list[Job]) -> oprunner.NativeBatch | None:
         return None  # there on its own (its error at its sample, as before)
 
 
-def _render_batch(batch: oprunner.NativeBatch, jobs: list[Job], n_threads: int,
-                  state: Any) -> list[tuple[bool, Any]]:
-    """``_render`` of each job, as outcomes, by ``batch``: one native call per thread; a sample it leaves (a file
-    changed since its draw, damaged, unreadable) renders by the Python path here, after the others."""
+def _erasing(jobs: list[Job]) -> bool:
+    """Some sample goes out with RandomErasing's draws for the device (``device_tail.ErasedImage``)."""
+    return any(job.recording is not None and job.recording.erasures is not None for job in jobs)
+
+
+def _run_batch(batch: oprunner.NativeBatch, n_threads: int, state: Any, n: int) -> float:
+    """``batch``'s native calls, one per thread; the render's seconds per sample (wall time shared out)."""
     from ..data import loader_pool
 
     start = time.perf_counter()
     # the calls run no torch op (no thread enters the caller's torch state); where the caller's state cannot be
     # held by another thread (state None), the calling thread takes them all, as map_outcomes would
-    calls = min(n_threads, len(jobs)) if state is not None else 1
-    # never the user's error: a sample a failed call did not render takes the Python path below
+    calls = min(n_threads, n) if state is not None else 1
+    # never the user's error: a sample a failed call did not render takes the Python path (_batch_outcomes)
     with contextlib.suppress(Exception):
         loader_pool.run_on_threads(batch.run, calls)
-    each = (time.perf_counter() - start) * calls / len(jobs)
+    return (time.perf_counter() - start) * calls / n
+
+
+def _batch_outcomes(batch: oprunner.NativeBatch, jobs: list[Job], each: float) -> list[tuple[bool, Any]]:
+    """Each job's outcome once ``batch``'s calls returned: its slot, or the Python path's render of what they left."""
     stats = report.stats
     done = batch.done()
     outcomes: list[tuple[bool, Any]] = []
@@ -503,12 +527,12 @@ def _render(job: Job, read: bytes | None = None, native_file: bool = True) -> Re
             if a.shape[:2] != tuple(job.size):
                 raise compose_plan.RenderFailed("the decode's size is not the header's")
             decoded = a if job.material is not None else None
+        if job.native is not None:  # (a sample the draw program made has a native run and no recording)
+            sample = oprunner.run(job.native, a)
+            return Rendered(sample, decoded, reproducible, decode_s, time.perf_counter() - start)
         if job.recording is None:
             return Rendered(plain(FastImage.wrap(a, job.info)), decoded, reproducible, decode_s,
                             time.perf_counter() - start)
-        if job.native is not None:
-            sample = oprunner.run(job.native, a)
-            return Rendered(sample, decoded, reproducible, decode_s, time.perf_counter() - start)
         px = compose_plan.Pixels.of(FastImage.wrap(a, job.info))
     sample = plain(compose_plan.render(job.recording, px))
     return Rendered(sample, decoded, reproducible, decode_s, time.perf_counter() - start)

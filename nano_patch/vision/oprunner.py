@@ -44,11 +44,10 @@ class NativeRun:
     kind: int
     table: np.ndarray | None
     shape: tuple[int, int, int]  # the final image: height, width, channels
-    #: the tail's output, where it writes (an array over a batch tensor's slot), or None (a tensor of its own)
-    slot: np.ndarray | None = None
-    #: the slot's tensor (a view of the batch tensor), returned as the sample's image
+    #: the sample's slot of a batch tensor (a view of it), returned as the sample's image; None: a tensor of its own
     slot_tensor: Any = None
-    #: the batch tensor's memory as one flat array, and the slot's place in it, in bytes (:func:`batch_tensor`)
+    #: the batch tensor's memory as one flat array, and the slot's place in it, in bytes (:func:`batch_tensor`):
+    #: the tail writes there (:func:`_output`)
     flat: np.ndarray | None = None
     offset: int = 0
 
@@ -94,7 +93,22 @@ def prepare(recording: Recording) -> NativeRun | str:
     if not isinstance(tail, TensorTail):
         return "the recording does not end in the tensor tail"
     records.pop()  # the tail's: its table and output go to the runner apart
-    codes = frozenset(map(_code, records))
+    why = why_not_native(frozenset(map(_code, records)))
+    if why:
+        return why
+    h, w = recording.hw
+    channels = 1 if recording.mode == "L" else 3
+    runner_tail = tail.runner_tail
+    if runner_tail is None:  # (the op is shared by a run's recordings: once per run)
+        runner_tail = tail.runner_tail = runner_tail_of(tail)
+    if type(runner_tail) is str:
+        return runner_tail
+    kind, table = runner_tail
+    return NativeRun(tuple(records), kind, table, (h, w, channels))
+
+
+def why_not_native(codes: frozenset[int]) -> str:
+    """Why the op runner cannot run ops of these codes here ("" where it can); worked out once per set."""
     why = _ready.get(codes)
     if why is None:
         kernels = {"tables"}
@@ -103,20 +117,10 @@ def prepare(recording: Recording) -> NativeRun | str:
         why = _why_kernels(frozenset(kernels))
         with _ready_lock:
             _ready[codes] = why
-    if why:
-        return why
-    h, w = recording.hw
-    channels = 1 if recording.mode == "L" else 3
-    runner_tail = tail.runner_tail
-    if runner_tail is None:  # (the op is shared by a run's recordings: once per run)
-        runner_tail = tail.runner_tail = _runner_tail(tail)
-    if type(runner_tail) is str:
-        return runner_tail
-    kind, table = runner_tail
-    return NativeRun(tuple(records), kind, table, (h, w, channels))
+    return why
 
 
-def _runner_tail(tail: TensorTail) -> tuple[int, Any] | str:
+def runner_tail_of(tail: TensorTail) -> tuple[int, Any] | str:
     """The op runner's tail kind and table for ``tail``, or why it has none."""
     if tail.to_bytes:
         return BYTES, None
@@ -153,13 +157,21 @@ def _own_output(job: NativeRun) -> tuple[np.ndarray, Any]:
     return out, torch.from_numpy(out).permute(2, 0, 1)
 
 
+def _output(job: NativeRun) -> tuple[np.ndarray, Any]:
+    """The array the tail writes and the sample's tensor: the job's slot of the batch tensor (its dense block of
+    the batch's memory, seen as the tail's array), else its own (:func:`_own_output`)."""
+    if job.flat is None:
+        return _own_output(job)
+    h, w, c = job.shape
+    dims = (job.table.shape[0], h, w) if job.planes else (h, w, c)  # type: ignore[union-attr]
+    start = job.offset // job.flat.itemsize
+    return job.flat[start:start + dims[0] * dims[1] * dims[2]].reshape(dims), job.slot_tensor
+
+
 def run(job: NativeRun, a: np.ndarray) -> Any:
     """``job``'s ops and tail on the H x W (x 3) uint8 array ``a``: the sample's tensor."""
     mod = native.kernel("tables")
-    if job.slot is not None:
-        out, tensor = job.slot, job.slot_tensor
-    else:
-        out, tensor = _own_output(job)
+    out, tensor = _output(job)
     mod.run_ops(a, job.records, job.kind, job.table, out, job.shape, _settings())
     return tensor
 
@@ -197,7 +209,7 @@ def run_file(job: NativeRun, path: Any, size: tuple[int, int]) -> Any:
         return None  # (compiled kernels from before this path)
     window = _starts_with_crop(job.records)
     records = _window_first(job.records, size)
-    out, tensor = (job.slot, job.slot_tensor) if job.slot is not None else _own_output(job)
+    out, tensor = _output(job)
     got = mod.run_ops_file(api, path, size, (True, native.crop_multiscan()), _FILE_MAX_BYTES, records, job.kind,
                            job.table, out, job.shape, _settings())
     if got is True:
@@ -226,7 +238,7 @@ def run_jpeg(job: NativeRun, data: bytes, size: tuple[int, int], path: Any) -> A
         else:
             if report.stats is not None:
                 report.stats.count("vision_datasets", True, DECODED[True])
-            rest = NativeRun(job.records[1:], job.kind, job.table, job.shape, job.slot, job.slot_tensor)
+            rest = NativeRun(job.records[1:], job.kind, job.table, job.shape, job.slot_tensor, job.flat, job.offset)
             return run(rest, region)
     a = decode.decode_rgb(path, data=data, checked=True)
     if a.shape[:2] != tuple(size):
@@ -297,20 +309,19 @@ def batch_tensor(jobs: list[NativeRun]) -> Any:
     if layout is None:
         return None
     base = torch.empty_strided(layout[0], layout[1], dtype=dtype)
-    arrays = base.numpy()  # one NumPy view, indexed per slot (cheaper than a tensor's indexing)
-    # stack's layout is dense: its memory, in order, is one flat array, each slot a block of it (run_batch's dst)
+    # stack's layout is dense: its memory, in order, is one flat array, each slot a block of it (the tails write
+    # there: run_batch's dst, _output's view); the first slot's array checks that, for all (they share a layout)
     flat = base.as_strided((base.numel(),), (1,)).numpy()
+    first_view = base[0].numpy() if first.planes else base[0].numpy().transpose(1, 2, 0)
+    if not first_view.flags.c_contiguous or first_view.ctypes.data != flat.ctypes.data:
+        return None
     step = base.stride(0) * base.element_size()
-    for k, (job, slot) in enumerate(zip(jobs, base.unbind(0))):
-        if tuple(slot.stride()) != strides:  # they differ on a size-1 dimension: the sample's own strides
-            slot = slot.as_strided(shape, strides)
-        view = arrays[k] if first.planes else arrays[k].transpose(1, 2, 0)
-        if not view.flags.c_contiguous:
-            for j in jobs:
-                j.slot, j.slot_tensor, j.flat = None, None, None
-            return None
-        job.slot, job.slot_tensor = view, collate.mark_slot(slot, base, k)
-        job.flat, job.offset = flat, k * step
+    slots = base.unbind(0)
+    if tuple(slots[0].stride()) != strides:  # they differ on a size-1 dimension: the sample's own strides
+        slots = tuple(slot.as_strided(shape, strides) for slot in slots)
+    mark = collate.mark_slot
+    for k, (job, slot) in enumerate(zip(jobs, slots)):
+        job.slot_tensor, job.flat, job.offset = mark(slot, base, k), flat, k * step
     return base
 
 
@@ -373,14 +384,18 @@ def native_batch(jobs: list[NativeRun | None], sources: list[Any]) -> NativeBatc
     return NativeBatch(handle, jobs)  # type: ignore[arg-type]
 
 
-def prepare_batch(recordings: list[Recording | None]) -> list[NativeRun | None]:
-    """Per sample, its native run, or None where it keeps the Python path (counted in the run report, with why);
-    where all of them run natively, into one batch tensor (:func:`batch_tensor`)."""
+def prepare_batch(recordings: list[Recording | NativeRun | None]) -> list[NativeRun | None]:
+    """Per sample, its native run (a recording's, or one the draw made: ``draw_program``), or None where it keeps
+    the Python path (counted in the run report, with why); where all of them run natively, into one batch tensor
+    (:func:`batch_tensor`)."""
     stats = report.stats
     jobs: list[NativeRun | None] = []
     for recording in recordings:
         if recording is None:  # no transform, or a sample loaded one by one: nothing to render
             jobs.append(None)
+            continue
+        if type(recording) is NativeRun:  # (made by the draw program, which runs only without a report)
+            jobs.append(recording)
             continue
         job = prepare(recording)
         if isinstance(job, str):

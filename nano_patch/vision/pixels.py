@@ -361,7 +361,7 @@ class Crop(Op):
 _filters: dict[int, str] | None = None
 
 
-def _native_filters() -> dict[int, str]:
+def native_filters() -> dict[int, str]:
     global _filters
     if _filters is None:
         from . import native  # (imported late: native's checks import this module's neighbours)
@@ -377,7 +377,7 @@ class Resize(Op):
 
     def __init__(self, height: int, width: int, pil_filter: int) -> None:
         self.height, self.width, self.pil_filter = height, width, pil_filter
-        ok = pil_filter in _native_filters()
+        ok = pil_filter in native_filters()
         self._native((OP_RESIZE, height, width, pil_filter, 0, 0.0, None) if ok else None,
                      "" if ok else "a nearest-neighbour resize (OpenCV's)")
 
@@ -409,10 +409,10 @@ class VFlip(Op):
 
 
 #: The flips have no parameters: every recording shares one of each (an op is never changed once made).
-_HFLIP, _VFLIP = HFlip(), VFlip()
+HFLIP, VFLIP = HFlip(), VFlip()
 
 
-def _plain_factor(factor: Any) -> float | None:
+def plain_factor(factor: Any) -> float | None:
     """A factor the kernels take as they are (``functional._factor``), else None (Python decides)."""
     t = type(factor)
     if (t is not float and t is not int) or not math.isfinite(factor) or abs(factor) > 1e30:
@@ -428,7 +428,7 @@ class Colour(Op):
     def __init__(self, op: tuple[Callable[..., np.ndarray], str, bool], factor: float) -> None:
         self.op, self.factor = op, factor
         code = _COLOUR_CODES[op[1]]
-        f = _plain_factor(factor)
+        f = plain_factor(factor)
         if f is None:
             self._native(None, f"{op[1]} with factor {factor!r} (stock's own checks)")
         elif code in (OP_CONTRAST, OP_SATURATION) and GREY_BY_POSITION:
@@ -516,7 +516,7 @@ class Whole(Op):
 
     def __init__(self, kernel: Callable[..., np.ndarray], args: tuple[Any, ...]) -> None:
         self.kernel, self.args = kernel, args
-        f = _plain_factor(args[0]) if kernel is K.adjust_sharpness and len(args) == 1 else None
+        f = plain_factor(args[0]) if kernel is K.adjust_sharpness and len(args) == 1 else None
         self._native(None if f is None else (OP_SHARPNESS, 0, 0, 0, 0, f, None),
                      f"{getattr(kernel, '__name__', 'a kernel')} (no native op)")
 
@@ -632,10 +632,10 @@ class Recording(Pixels):
         self._hw = (height, width)
 
     def hflip(self) -> None:
-        self.ops.append(_HFLIP)
+        self.ops.append(HFLIP)
 
     def vflip(self) -> None:
-        self.ops.append(_VFLIP)
+        self.ops.append(VFLIP)
 
     def point(self, kernel: Callable[..., np.ndarray], *args: Any) -> Pixels:
         self.ops.append(Point(kernel, args))

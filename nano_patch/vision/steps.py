@@ -32,7 +32,7 @@ def _drawn(px: Pixels, native: Callable[[Any], Any], stock: Callable[[], Any]) -
         return stock()
 
 
-def _pil_filter(interpolation: Any) -> int:
+def pil_filter(interpolation: Any) -> int:
     """PIL's filter number for a transform's ``interpolation``, as ``F.resize`` maps it."""
     mode = interpolation
     if not isinstance(mode, P.stock_F.InterpolationMode):
@@ -49,7 +49,7 @@ def _pil_filter(interpolation: Any) -> int:
     return int(f)
 
 
-def _size_request(size: Any) -> list[int]:
+def size_request(size: Any) -> list[int]:
     if type(size) is tuple and len(size) == 2 and type(size[0]) is int and type(size[1]) is int:
         return list(size)  # (the common case, as RandomResizedCrop keeps its size: checked first)
     if isinstance(size, int) and not isinstance(size, bool):
@@ -65,10 +65,10 @@ def _resize_to(px: Pixels, size: Any, interpolation: Any, max_size: Any, antiali
     """``F.resize`` of the current image, for the arguments it takes without a warning or an error (``checked``:
     the filter and size request, already worked out from these arguments)."""
     if checked is None:
-        f = _pil_filter(interpolation)
+        f = pil_filter(interpolation)
         if antialias is False:
             raise UseStock  # stock warns that PIL always antialiases
-        request = _size_request(size)
+        request = size_request(size)
     else:
         f, request = checked
     if max_size is not None and (len(request) != 1 or not isinstance(max_size, int) or max_size <= request[0]):
@@ -89,7 +89,7 @@ def run_resize(t: Any, px: Pixels) -> None:
 
 
 def run_random_resized_crop(t: Any, px: Pixels) -> None:
-    checked = _pil_filter(t.interpolation), _size_request(t.size)  # checked before the draws
+    checked = pil_filter(t.interpolation), size_request(t.size)  # checked before the draws
     if t.antialias is False:
         raise UseStock
     i, j, h, w = _drawn(px, lambda d: d.resized_crop(px.hw, t.scale, t.ratio),
@@ -102,8 +102,8 @@ def run_timm_random_resized_crop(t: Any, px: Pixels) -> None:
     """timm's RandomResizedCropAndInterpolation: its own draws (Python's ``random``), then F.resized_crop."""
     modes = t.interpolation if isinstance(t.interpolation, (tuple, list)) else (t.interpolation,)
     for mode in modes:
-        _pil_filter(mode)  # checked before the draws
-    _size_request(t.size)
+        pil_filter(mode)  # checked before the draws
+    size_request(t.size)
     i, j, h, w = t.get_params(px.proxy(), t.scale, t.ratio)
     mode = random.choice(t.interpolation) if isinstance(t.interpolation, (tuple, list)) else t.interpolation
     px.crop(i, j, h, w)

@@ -38,7 +38,7 @@ _log_ratios: dict[tuple[Any, ...], tuple[float, float] | None] = {}
 _log_ratios_lock = threading.Lock()
 
 
-def _log_ratio(ratio: Any) -> tuple[float, float] | None:
+def log_ratio(ratio: Any) -> tuple[float, float] | None:
     """``torch.log(torch.tensor(ratio))[:2]`` as stock computes it, for a ratio of two plain positive numbers; else
     None (stock's own code then draws)."""
     try:
@@ -81,6 +81,16 @@ class TorchDraws:
         self._st = np.empty(STATE_WORDS, np.uint32)
         self.from_torch()
 
+    @property
+    def kernel(self) -> Any:
+        """The checked extension module whose functions make the draws (``draws_*``)."""
+        return self._n
+
+    @property
+    def words(self) -> np.ndarray:
+        """The generator copy's state (:data:`STATE_WORDS` words), which the ``draws_*`` functions advance."""
+        return self._st
+
     def from_torch(self) -> None:
         """Take torch's generator state as it is now."""
         import torch
@@ -118,7 +128,7 @@ class TorchDraws:
 
     def resized_crop(self, hw: tuple[int, int], scale: Any, ratio: Any) -> tuple[int, int, int, int] | None:
         """``RandomResizedCrop.get_params`` on an image of ``hw``."""
-        lr = _log_ratio(ratio)
+        lr = log_ratio(ratio)
         if lr is None:
             return None
         return self._n.draws_resized_crop(self._st, hw[0], hw[1], scale, ratio, lr[0], lr[1], self.fused)
