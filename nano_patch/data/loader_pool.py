@@ -15,6 +15,7 @@ Shared state is a lock-guarded pool and setting, so that it stays correct on a f
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -206,18 +207,26 @@ def _auto_threads() -> AutoThreads:
 
 
 def _after_fork_in_child() -> None:
-    global _auto
+    global _auto, _crew_busy
     _auto = None  # a worker process loads one by one; a forked rank measures its own throughput
+    _crew_busy = threading.Lock()  # (held by a thread of the parent's, perhaps)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _drop_pool() -> None:
-    global _pool, _pool_size
+    global _pool, _pool_size, _crew
     if _pool is not None and _pool_pid == os.getpid():
         _pool.shutdown(wait=False)
     _pool, _pool_size = None, 0
+    if _crew is not None and _crew_busy.acquire(blocking=False):  # (in use: it is replaced at its next use)
+        try:
+            if _crew_pid == os.getpid():
+                _crew.stop()
+            _crew = None
+        finally:
+            _crew_busy.release()
 
 
 def _cgroup_quota() -> float | None:
@@ -340,16 +349,104 @@ def map_outcomes(fn: Callable[[T], R], items: Iterable[T], n_threads: int,
     return outcomes
 
 
+class _Crew:
+    """Helper threads that stay parked between batches, for :func:`run_on_threads`: a batch hands each its call by
+    releasing a lock the helper waits on, and takes it back by acquiring one the helper releases. An executor's
+    ``submit`` and ``result`` (a future, a work item, a queue, a condition) cost about 10 us of Python with the
+    GIL held per call; two lock operations cost a fraction of that. Each lock starts held, so that its waiter
+    blocks until the other side releases it (a ``threading.Lock`` may be released by any thread)."""
+
+    def __init__(self, helpers: int) -> None:
+        self.helpers = helpers
+        self._fn: Callable[[], Any] | None = None
+        self._errors: list[BaseException | None] = [None] * helpers
+        self._go = [threading.Lock() for _ in range(helpers)]
+        self._done = [threading.Lock() for _ in range(helpers)]
+        self.broken = False
+        for lock in (*self._go, *self._done):
+            lock.acquire()
+        for k in range(helpers):
+            threading.Thread(target=self._serve, args=(k,), name=f"nano-patch-loader-{k}", daemon=True).start()
+
+    def _serve(self, k: int) -> None:
+        go, done = self._go[k], self._done[k]
+        while True:
+            go.acquire()
+            fn = self._fn
+            if fn is None:  # the crew is dropped
+                return
+            try:
+                fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to the calling thread, which raises it
+                self._errors[k] = exc
+            done.release()
+
+    def run(self, fn: Callable[[], Any]) -> None:
+        """``fn()`` on every helper and the calling thread at once; returns once all returned (the first error
+        raised). Called by one thread at a time (the crew's lock)."""
+        self._fn = fn
+        for go in self._go:
+            go.release()
+        try:
+            fn()
+        finally:
+            try:
+                for done in self._done:
+                    done.acquire()
+            except BaseException:
+                self.broken = True  # interrupted while helpers run: they may still release; never reused
+                raise
+        errors = [e for e in self._errors if e is not None]
+        self._errors = [None] * self.helpers
+        if errors:
+            raise errors[0]
+
+    def stop(self) -> None:
+        """Let the parked helpers end (a crew of another size, or the pool dropped)."""
+        self._fn = None
+        for go in self._go:
+            with contextlib.suppress(RuntimeError):  # (released already: a crew broken between two releases)
+                go.release()
+
+
+_crew: _Crew | None = None
+_crew_pid = 0
+#: held by the one caller using the crew; another thread's batch meanwhile takes the executor
+_crew_busy = threading.Lock()
+
+
 def run_on_threads(fn: Callable[[], Any], n_threads: int) -> None:
     """``fn()`` on ``n_threads`` threads at once, the calling thread one of them, for work that shares its items
     among its calls itself and runs no torch op (a native batch call: it needs none of the caller's torch state,
     so no thread enters it). Returns once every call has returned; a call's exception is raised here."""
-    futures = [_executor(n_threads - 1).submit(fn) for _ in range(n_threads - 1)] if n_threads > 1 else []
+    if n_threads <= 1:
+        fn()
+        return
+    if _crew_busy.acquire(blocking=False):
+        try:
+            _crew_of(n_threads - 1).run(fn)
+        finally:
+            _crew_busy.release()
+        return
+    futures = [_executor(n_threads - 1).submit(fn) for _ in range(n_threads - 1)]
     try:
         fn()
     finally:
         for future in futures:
             future.result()
+
+
+def _crew_of(helpers: int) -> _Crew:
+    """The parked helpers for :func:`run_on_threads` (called holding ``_crew_busy``)."""
+    global _crew, _crew_pid
+    crew = _crew
+    if crew is None or crew.broken or crew.helpers != helpers or _crew_pid != os.getpid():
+        if crew is not None and _crew_pid == os.getpid():
+            crew.stop()
+        # (a forked child has none of its parent's threads: it starts its own)
+        _crew, _crew_pid = _Crew(helpers), os.getpid()
+        crew = _crew
+    return crew
 
 
 def _executor(n_threads: int) -> ThreadPoolExecutor:
