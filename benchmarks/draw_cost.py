@@ -9,7 +9,9 @@ with the decoded-image cache off and warm (filled by a first pass):
   the key and the entry with it warm;
 - ``draw``: ``_source`` and the plan's draws on a Recording (``_draw``), pipelines pets, (b) and (c): with torch's
   own draws (``draw_torch``), and with torch's draws made natively from a copy of its generator, as the batch
-  path makes them (``draw_native``, ``vision/torch_draws.py``).
+  path makes them (``draw_native``, ``vision/torch_draws.py``); and by the draw program (``draw_program``,
+  ``vision/draw_program.py``: each sample's op-runner records made straight from the native draws, so this part
+  also covers what ``oprunner.prepare`` adds to the other two in the batch path).
 
 Each (pipeline, cache) in a fresh process, 9 passes over the files after the first, the garbage collector off (as
 ``timeit``), the fastest pass (other load on the machine only adds time); rounds interleaved, medians. Run it
@@ -63,13 +65,31 @@ if "index" in inspect.signature(batch_loader._source).parameters:  # the in-memo
         extra += (file_index.headers_for(ds),)
 out = {}
 gc.disable()  # as timeit: a collection of the whole heap (torch's objects) would land on one pass or another
-for part in ("source", "draw_torch", "draw_native"):
+try:  # the draw program (vision/draw_program.py): each sample's native run straight from the native draws
+    from nano_patch.vision import draw_program
+except ImportError:
+    draw_program = None
+parts = ("source", "draw_torch", "draw_native") + (("draw_program",) if draw_program is not None else ())
+for part in parts:
     passes = []
     for _ in range(10):
         t = time.perf_counter()
         if part == "source":
             for p in paths:
                 batch_loader._source(p, store, crop_window, *extra)
+        elif part == "draw_program":  # its source, then its native run (records included, which the others
+            draws = batch_loader._native_draws()  # leave to oprunner.prepare); a sample given back: the plan
+            for k, p in enumerate(paths):
+                if k % 64 == 0:
+                    shared = {}
+                    program = draw_program.bind(tf, draws, shared)
+                job = batch_loader._source(p, store, crop_window, *extra)
+                hw = job.array.shape[:2] if job.array is not None else job.size
+                if program is None or program.draw(hw) is None:
+                    batch_loader._draw(job, tf, draws, shared)
+                    if program is not None:
+                        program.resync()
+            draws.to_torch()
         else:  # a batch run's draw step: its source, then its draws (torch's own, or made natively)
             draws = batch_loader._native_draws() if part == "draw_native" else None
             for k, p in enumerate(paths):
@@ -128,12 +148,13 @@ def main() -> None:
     (RESULTS / f"{args.stem}.json").write_text(json.dumps(result, indent=2))
     print(f"{result['machine']}; {result['nano_patch']}; native draws: {native_state}; medians of {args.rounds} "
           "rounds, us per image")
-    print("| pipeline | cache | source (size + cache lookup) | draw, torch's draws | draw, native draws |")
-    print("|---|---|---|---|---|")
+    print("| pipeline | cache | source (size + cache lookup) | draw, torch's draws | draw, native draws | "
+          "draw program (with the records) |")
+    print("|---|---|---|---|---|---|")
     for key, r in rows.items():
         pipeline, cache = key.split(" | ")
         print(f"| {pipeline} | {cache.split()[-1]} | {r['source_us']:.1f} | {r['draw_torch_us']:.1f} | "
-              f"{r.get('draw_native_us', float('nan')):.1f} |")
+              f"{r.get('draw_native_us', float('nan')):.1f} | {r.get('draw_program_us', float('nan')):.1f} |")
 
 
 if __name__ == "__main__":

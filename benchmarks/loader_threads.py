@@ -69,6 +69,10 @@ next(it)
 first = time.perf_counter() - t
 for _ in it:
     pass
+# the warm-up's garbage now: the first full collection (0.15 s with torch loaded) falls in the first epoch or the
+# second, by how many objects each side allocated; timed, it moved a 3-epoch rate by a third, either way
+import gc
+gc.collect()
 if cfg.get("barrier"):  # two processes at once: start timing together
     open(cfg["barrier"] + f".{cfg['rank']}", "w").close()
     while not all(os.path.exists(cfg["barrier"] + f".{r}") for r in range(2)):
