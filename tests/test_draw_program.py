@@ -11,8 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torchvision.transforms as T
-from _rng import rng_differences, rng_state, seed_all
-from torch.utils.data import DataLoader
+from _epochs import assert_same_epochs, loader_epochs
 
 import nano_patch
 from nano_patch import report
@@ -139,22 +138,10 @@ def test_pillow_simd_s_grey_keeps_contrast_and_saturation_on_the_plan(monkeypatc
     assert not _refused(T.Compose([T.ColorJitter(brightness=0.3, hue=0.1), *tail]))
 
 
-def _epochs(folder, make, epochs=2):
-    from torchvision.datasets import ImageFolder
-
-    seed_all(21)
-    loader = DataLoader(ImageFolder(str(folder), transform=make()), batch_size=4, shuffle=True, num_workers=0)
-    out = []
-    for _ in range(epochs):
-        out.append([(x.clone(), y.clone()) for x, y in loader])
-        out.append(rng_state())
-    return out
-
-
 @pytest.mark.parametrize("name", ["pets", "c", "hue, odd ratio, bicubic"])
 def test_the_loader_draws_every_sample_by_the_program_with_stock_s_batches(image_folder, monkeypatch, name):
     nano_patch.unpatch_torch()
-    stock = _epochs(image_folder, PIPELINES[name])
+    stock = loader_epochs(image_folder, PIPELINES[name], 21)
     nano_patch.patch_torch(loader_threads=2)
     made = {"runs": 0, "given back": 0}
     real = draw_program.Program.draw
@@ -165,13 +152,7 @@ def test_the_loader_draws_every_sample_by_the_program_with_stock_s_batches(image
         return got
 
     monkeypatch.setattr(draw_program.Program, "draw", counted)
-    got = _epochs(image_folder, PIPELINES[name])
-    for want, have in zip(stock, got, strict=True):
-        if isinstance(want, tuple):
-            assert rng_differences(have, want) == []
-            continue
-        for (wx, wy), (gx, gy) in zip(want, have, strict=True):
-            assert wx.dtype == gx.dtype and wx.stride() == gx.stride() and torch.equal(wx, gx) and torch.equal(wy, gy)
+    assert_same_epochs(stock, loader_epochs(image_folder, PIPELINES[name], 21))
     from torchvision.datasets import ImageFolder
 
     n = len(ImageFolder(str(image_folder)))

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torchvision.transforms as T
+from _epochs import assert_same_epochs, loader_epochs
 from _rng import rng_differences, rng_state, seed_all
 from torch.utils.data import DataLoader
 
@@ -162,24 +163,10 @@ def _count(folder) -> int:
 
 
 def _epochs(folder, make, epochs=2):
-    from torchvision.datasets import ImageFolder
-
-    seed_all(11)
-    loader = DataLoader(ImageFolder(str(folder), transform=make()), batch_size=4, shuffle=True, num_workers=0)
-    out = []
-    for _ in range(epochs):
-        out.append([(x.clone(), y.clone()) for x, y in loader])
-        out.append(rng_state())
-    return out
+    return loader_epochs(folder, make, 11, epochs)
 
 
-def _assert_equal(stock, patched):
-    for want, got in zip(stock, patched, strict=True):
-        if isinstance(want, tuple):
-            assert rng_differences(got, want) == []
-            continue
-        for (wx, wy), (gx, gy) in zip(want, got, strict=True):
-            assert wx.dtype == gx.dtype and wx.stride() == gx.stride() and torch.equal(wx, gx) and torch.equal(wy, gy)
+_assert_equal = assert_same_epochs
 
 
 @pytest.fixture
