@@ -132,3 +132,23 @@ def test_unasked_process_is_never_patched(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
     filename, imported = proc.stdout.split()
     assert filename.endswith("torchvision/transforms/functional.py") and imported == "False"
+
+
+def test_lightning_s_own_ddp_group_is_destroyed_at_a_clean_exit(tmp_path, script):
+    """Lightning leaves a gloo group to interpreter shutdown, where its threads can end a finished rank with
+    SIGABRT ("terminate called without an active exception"); under the patch every rank destroys it at exit."""
+    check = (
+        "import atexit, os, sys\n"
+        "def _at_exit():  # registered first: runs after every other handler\n"
+        "    import torch.distributed as dist\n"
+        "    with open(os.path.join(sys.argv[1], f'exit{os.getpid()}.txt'), 'w') as f:\n"
+        "        f.write(str(dist.is_initialized()))\n"
+        "atexit.register(_at_exit)\n"
+        "from nano_patch import patch_torch; patch_torch()\n"
+    )
+    script.write_text(check + SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], env=_env(), capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    _check(tmp_path, proc, str(tmp_path))
+    states = sorted(p.read_text() for p in tmp_path.glob("exit*.txt"))
+    assert states == ["False", "False"]  # both ranks: rank 0 here, rank 1 re-running the script

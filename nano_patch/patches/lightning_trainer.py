@@ -131,7 +131,9 @@ def _docstring(doc: str | None) -> str | None:
 
 def _noting_fit(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     from .. import exit_notices
-    from ..train import callbacks
+    from ..train import callbacks, shutdown
+
+    shutdown.destroy_at_clean_exit()  # a process group this fit starts is destroyed at a clean exit
 
     model = args[0] if args else kwargs.get("model")
     if model is not None:
@@ -139,7 +141,11 @@ def _noting_fit(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict
                             for c in instance.callbacks)
         exit_notices.note_training("Trainer", model, str(instance.precision),
                                    channels_last and callbacks.has_conv2d(model))
-    return wrapped(*args, **kwargs)
+    try:
+        return wrapped(*args, **kwargs)
+    except BaseException:
+        shutdown.mark_failed()  # a rank that failed leaves its process group alone (another may never end)
+        raise
 
 
 def translate(pl: ModuleType, kwargs: dict[str, Any], nano: dict[str, Any],

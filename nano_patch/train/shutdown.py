@@ -24,6 +24,8 @@ log = logging.getLogger("nano_patch")
 
 _failed = False
 _installed = False
+_destroy_installed = False
+_hooked = False
 _waited = False
 _strategies: weakref.WeakSet[Any] = weakref.WeakSet()
 _lock = threading.Lock()
@@ -37,14 +39,36 @@ def watch(strategy: Any) -> None:
         if _installed:
             return
         _installed = True
-        previous = sys.excepthook
-
-        def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
-            mark_failed()
-            previous(kind, value, tb)
-
-        sys.excepthook = excepthook
+        _note_uncaught_exceptions()
         atexit.register(_at_exit)
+
+
+def destroy_at_clean_exit() -> None:
+    """Called by the patched ``Trainer.fit`` whatever its strategy (Lightning's own ``ddp`` too, whose gloo group
+    Lightning leaves to interpreter shutdown, with the same SIGABRT): destroy the default process group at a
+    clean exit. Nothing else of :func:`watch`: no wait for child ranks, so the exit status stays stock's."""
+    global _destroy_installed
+    with _lock:
+        if _destroy_installed:
+            return
+        _destroy_installed = True
+        _note_uncaught_exceptions()
+        atexit.register(destroy_after_clean_finish)
+
+
+def _note_uncaught_exceptions() -> None:
+    """An uncaught exception marks this process failed (called once, holding ``_lock``)."""
+    global _hooked
+    if _hooked:
+        return
+    _hooked = True
+    previous = sys.excepthook
+
+    def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        mark_failed()
+        previous(kind, value, tb)
+
+    sys.excepthook = excepthook
 
 
 def _at_exit() -> None:
