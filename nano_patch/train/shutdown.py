@@ -18,13 +18,13 @@ import os
 import sys
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger("nano_patch")
 
 _failed = False
-_installed = False
-_destroy_installed = False
+_handlers: set[Callable[[], None]] = set()  # registered at exit
 _hooked = False
 _waited = False
 _strategies: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -33,27 +33,25 @@ _lock = threading.Lock()
 
 def watch(strategy: Any) -> None:
     """Called by the nano strategies in ``setup_environment``: destroy the group at a clean exit."""
-    global _installed
     _strategies.add(strategy)
-    with _lock:
-        if _installed:
-            return
-        _installed = True
-        _note_uncaught_exceptions()
-        atexit.register(_at_exit)
+    _at_exit_once(_at_exit)
 
 
 def destroy_at_clean_exit() -> None:
     """Called by the patched ``Trainer.fit`` whatever its strategy (Lightning's own ``ddp`` too, whose gloo group
     Lightning leaves to interpreter shutdown, with the same SIGABRT): destroy the default process group at a
     clean exit. Nothing else of :func:`watch`: no wait for child ranks, so the exit status stays stock's."""
-    global _destroy_installed
+    _at_exit_once(destroy_after_clean_finish)
+
+
+def _at_exit_once(handler: Callable[[], None]) -> None:
+    """Run ``handler`` at exit (registered once), with uncaught exceptions marking this process failed."""
     with _lock:
-        if _destroy_installed:
+        if handler in _handlers:
             return
-        _destroy_installed = True
+        _handlers.add(handler)
         _note_uncaught_exceptions()
-        atexit.register(destroy_after_clean_finish)
+        atexit.register(handler)
 
 
 def _note_uncaught_exceptions() -> None:
