@@ -42,7 +42,8 @@ except ImportError:  # imported outside a build (the tests use build_extension)
     BuildHookInterface = object  # type: ignore[assignment,misc]
 
 CSRC = Path("nano_patch") / "vision" / "csrc"
-SOURCES = ["module.c", "resample.c", "color.c", "hue.c", "tensor.c", "geometry.c", "oplist.c", "torch_draws.c"]
+SOURCES = ["module.c", "resample.c", "color.c", "hue.c", "tensor.c", "geometry.c", "oplist.c", "torch_draws.c",
+           "helpers.c"]
 EXTENSION = "nano_patch.vision._native"
 JPEG_SOURCES = ["jpeg_region.c"]
 JPEG_EXTENSION = "nano_patch.vision._jpeg"
@@ -122,6 +123,8 @@ def _build(root: Path, inplace: bool, build_dir: Path, ext: Any) -> Path:
         def build_extensions(self) -> None:
             for e in self.extensions:
                 e.extra_compile_args = compile_args(self.compiler.compiler_type)
+                if self.compiler.compiler_type != "msvc":  # the loader's native helper threads (helpers.c)
+                    e.extra_link_args = [*e.extra_link_args, "-pthread"]
             super().build_extensions()
 
     cwd = os.getcwd()

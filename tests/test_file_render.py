@@ -228,13 +228,23 @@ def test_later_epochs_render_each_batch_in_one_native_call_per_thread_as_stock(t
     root = _jpeg_folder(tmp_path / "f", photos)
     make = _pipelines()[name]
     stock = _loader_epochs(root, make)
-    rendered = []
-    real_run = oprunner.NativeBatch.run
+    rendered, threads = [], []
+    real_run, real_run_on = oprunner.NativeBatch.run, oprunner.NativeBatch.run_on
+
+    def run_on(self, n_threads):  # the caller and native helpers: the samples it wrote to their slots
+        ran = real_run_on(self, n_threads)
+        threads.append((ran, len(self.jobs)))
+        rendered.append(sum(self.done()))
+        return ran
+
     monkeypatch.setattr(oprunner.NativeBatch, "run", lambda self: rendered.append(real_run(self)) or rendered[-1])
+    monkeypatch.setattr(oprunner.NativeBatch, "run_on", run_on)
     nano_patch.patch_torch(loader_threads=2, cache_decoded=cache, cache_dir=str(tmp_path / "cache"))
     _assert_same(stock, _loader_epochs(root, make))
     n = len(list(root.rglob("*.jpg")))
     assert sum(rendered) == 2 * n  # epochs 2 and 3, every sample
+    # each batch of more than one sample on two threads: this one and a native helper
+    assert threads and all(ran == min(2, n) for ran, n in threads)
 
 
 def test_a_file_gone_since_its_draw_raises_stocks_error_at_its_sample(tmp_path, photos):
@@ -334,3 +344,99 @@ def test_a_native_batch_call_that_fails_leaves_its_samples_to_the_python_path(tm
     monkeypatch.setattr(oprunner.NativeBatch, "run", fail)
     nano_patch.patch_torch(loader_threads=2, cache_decoded="off")
     _assert_same(stock, _loader_epochs(root, make, epochs=2))
+
+
+def _file_batch(tmp_path, photos, n=12):
+    """A prepared batch of ``n`` JPEG files (three photos at three sizes), its flat output, and each sample's
+    expected planes (the region decode, then the op runner)."""
+    mod = native.kernel("tables")
+    api = native.kernel("crop_decode").file_api
+    items, want = [], []
+    slot = 3 * 16 * 16 * 4
+    for k in range(n):
+        size = (150 + 10 * (k % 3), 200 + 8 * (k % 4))
+        data = _jpeg(photos[k % 3].resize((size[1], size[0])))
+        path = tmp_path / f"{k}.jpg"
+        path.write_bytes(data)
+        records = _records((k % 5, k % 7, 100 + k, 120 + k), 16, 16)
+        items.append(((str(path), size), records, k * slot))
+        want.append(_two_calls(data, records, (16, 16, 3)))
+    flat = np.full(n * slot // 4, np.nan, np.float32)
+    handle = mod.prepare_batch(api, items, oprunner.PLANES_F32, TABLE, flat, (16, 16, 3), _settings(), (True, True),
+                               1 << 30)
+    return handle, flat, want
+
+
+def _written(mod, handle, flat, want) -> bool:
+    n = len(want)
+    return all(mod.batch_result(handle, k) is True for k in range(n)) and \
+        np.array_equal(flat.reshape(n, 3, 16, 16), np.stack(want))
+
+
+def test_run_batch_on_renders_every_sample_on_the_threads_asked_for(tmp_path, photos):
+    """The caller and native helper threads (``helpers.c``) take the batch's samples: every one written to its slot
+    as the region decode and the op runner write it, on as many threads as asked for (at most one per sample)."""
+    mod = native.kernel("tables")
+    handle, flat, want = _file_batch(tmp_path, photos)
+    threads, by_caller = mod.run_batch_on(handle, 4)
+    assert threads == 4 and 0 <= by_caller <= 12 and mod.helpers_started() >= 3
+    assert _written(mod, handle, flat, want)
+    assert mod.run_batch_on(handle, 4)[1] == 0  # nothing left to take
+    (tmp_path / "two").mkdir()
+    handle, flat, want = _file_batch(tmp_path / "two", photos, n=2)
+    assert mod.run_batch_on(handle, 8)[0] == 2  # no more threads than samples
+    assert _written(mod, handle, flat, want)
+    with pytest.raises(ValueError, match="at least 1"):
+        mod.run_batch_on(handle, 0)
+
+
+def test_two_callers_at_once_each_get_their_whole_batch(tmp_path, photos):
+    """The helpers serve one batch at a time; a second caller waits for them (the GIL released), and each batch is
+    whole."""
+    import threading
+
+    mod = native.kernel("tables")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    batches = [_file_batch(tmp_path / "a", photos), _file_batch(tmp_path / "b", photos)]
+    ok = []
+    callers = [threading.Thread(target=lambda b=b: ok.append(mod.run_batch_on(b[0], 3) and _written(mod, *b)))
+               for b in batches]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join(60)
+    assert ok == [True, True]
+
+
+def test_a_forked_child_starts_its_own_helpers(tmp_path, photos):
+    """A child forked after the helpers started has none of them (only the forking thread is copied): its first
+    batch starts its own and renders whole, with no wait on the parent's."""
+    import os
+    import time
+
+    mod = native.kernel("tables")
+    handle, flat, want = _file_batch(tmp_path, photos)
+    assert mod.run_batch_on(handle, 3)[0] == 3 and _written(mod, handle, flat, want)
+    (tmp_path / "child").mkdir()
+    child_batch = _file_batch(tmp_path / "child", photos)
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only where its batch rendered whole on its own helpers
+        try:
+            before = mod.helpers_started()
+            threads = mod.run_batch_on(child_batch[0], 3)[0]
+            os._exit(0 if before == 0 and threads == 3 and mod.helpers_started() == 2 and _written(mod, *child_batch)
+                     else 1)
+        except BaseException:  # noqa: BLE001
+            os._exit(2)
+    deadline = time.monotonic() + 60
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child's batch never finished (its helpers are the parent's)")
+        time.sleep(0.05)
+    assert os.waitstatus_to_exitcode(status) == 0

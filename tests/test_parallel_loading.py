@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Subset
 
 import nano_patch
 from nano_patch.data import loader_pool
-from nano_patch.vision import compose_plan
+from nano_patch.vision import compose_plan, oprunner
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
@@ -122,8 +122,17 @@ def parallel_batches(monkeypatch):
             seen.append(n_threads)
         return real_on_threads(fn, n_threads)
 
+    real_run_on = oprunner.NativeBatch.run_on
+
+    def counted_run_on(self, n_threads):  # a batch rendered by the caller and native helper threads
+        ran = real_run_on(self, n_threads)
+        if ran > 1:
+            seen.append(ran)
+        return ran
+
     monkeypatch.setattr(loader_pool, "map_outcomes", counted)
     monkeypatch.setattr(loader_pool, "run_on_threads", counted_on_threads)
+    monkeypatch.setattr(oprunner.NativeBatch, "run_on", counted_run_on)
     return seen
 
 
@@ -280,16 +289,23 @@ def test_every_sample_renders_in_one_native_call_and_tensor_batches_collate_with
     from nano_patch.data import collate
     from nano_patch.vision import oprunner
 
-    runs, collated = [], []
-    real_run, real_batch_of = oprunner.run, collate.batch_of
+    runs, collated, written = [], [], []
+    real_run, real_collate_pairs, real_batch_tensor = oprunner.run, collate.collate_pairs, oprunner.batch_tensor
     monkeypatch.setattr(oprunner, "run", lambda job, a: runs.append(job) or real_run(job, a))
-    monkeypatch.setattr(collate, "batch_of", lambda batch: collated.append(real_batch_of(batch)) or collated[-1])
+    monkeypatch.setattr(oprunner, "batch_tensor", lambda jobs: written.append(real_batch_tensor(jobs)) or written[-1])
+
+    def collate_pairs(data, handed=None):
+        got = real_collate_pairs(data, handed)
+        collated.append(got is not None and got[0] is written[-1])
+        return got
+
+    monkeypatch.setattr(collate, "collate_pairs", collate_pairs)
     stock = _epochs(mixed_folder, PIPELINES[name], epochs=1)
     nano_patch.patch_torch(loader_threads=2)
     _equal(stock, _epochs(mixed_folder, PIPELINES[name], epochs=1))
     assert len(runs) == 12  # every sample of the epoch
     tensor_tail = name in ("pets", "c", "timm train")  # ToTensor's layout is stack's; PILToTensor's is not
-    assert [c is not None for c in collated] == [tensor_tail] * 3
+    assert collated == [tensor_tail] * 3  # the batch tensor the render wrote is the collated batch
 
 
 def _normalised_epochs(folder, mean_between=None):
@@ -328,13 +344,22 @@ def test_the_common_batch_is_collated_as_stocks_default_collate(mixed_folder, mo
     (``collate.collate_pairs``), to what stock's ``default_collate`` gives (values, dtypes, strides, types)."""
     from nano_patch.data import collate
 
-    taken = []
+    taken, handed_over = [], []
     real = collate.collate_pairs
-    monkeypatch.setattr(collate, "collate_pairs", lambda data: taken.append(real(data)) or taken[-1])
-    stock = _epochs(mixed_folder, PIPELINES["pets"], epochs=1)
+
+    def collate_pairs(data, handed=None):
+        taken.append(real(data, handed))
+        handed_over.append(handed is not None and taken[-1][0] is handed[0])
+        return taken[-1]
+
+    monkeypatch.setattr(collate, "collate_pairs", collate_pairs)
+    stock = _epochs(mixed_folder, PIPELINES["pets"], epochs=2)
     nano_patch.patch_torch(loader_threads=2)
-    _equal(stock, _epochs(mixed_folder, PIPELINES["pets"], epochs=1))
-    assert len(taken) == 3 and all(type(b) is list and len(b) == 2 for b in taken)
+    _equal(stock, _epochs(mixed_folder, PIPELINES["pets"], epochs=2))
+    assert len(taken) == 6 and all(type(b) is list and len(b) == 2 for b in taken)
+    # the first epoch reads each file in the draw (its samples checked slot by slot); the second renders each batch
+    # in one call, the batch handed over whole to the fetch (``collate.hand_over``)
+    assert handed_over == [False] * 3 + [True] * 3
 
 
 def _slots_batch(n=3):
@@ -376,5 +401,26 @@ def test_collate_pairs_takes_only_what_stocks_walk_would_collate_the_same_way(mo
         monkeypatch.setitem(torch_collate.default_collate_fn_map, int, lambda b, **kw: "mine")
         assert collate.collate_pairs(batch) is None  # a user's collation of ints: stock's walk, which calls it
         assert default_collate(batch)[1] == "mine"
+    finally:
+        collate.uninstall()
+
+
+def test_a_handed_over_batch_is_taken_once_and_only_for_its_own_slots():
+    """``collate.hand_over`` notes a batch for its fetch: the note is taken once (never by a later fetch), and it
+    collates only the very slots it names, in order; other samples get ``batch_of``'s checks, as before."""
+    from nano_patch.data import collate
+
+    collate.install()
+    try:
+        base, batch = _slots_batch()
+        collate.hand_over(base, tuple(x for x, _ in batch))
+        handed = collate.take_handed()
+        assert handed is not None and collate.take_handed() is None  # taken once
+        other_base, other = _slots_batch()
+        got = collate.collate_pairs(other, handed)  # another batch's slots: checked one by one, and its own
+        assert got[0] is other_base and got[0] is not base
+        assert collate.collate_pairs([batch[1], batch[0], batch[2]], handed) is None  # not in the tensor's order
+        got = collate.collate_pairs(batch, handed)
+        assert got[0] is base and torch.equal(got[1], torch.tensor([10, 11, 12]))
     finally:
         collate.uninstall()

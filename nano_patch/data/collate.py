@@ -13,16 +13,35 @@ into its result in place writes into the samples too; torch's own fetcher drops 
 
 from __future__ import annotations
 
+import operator
+import threading
 from typing import Any
 
 _MARK = "_nano_patch_batch_slot"
 _stock_collate_tensor: Any = None
+#: per thread, the batch a batch loader just made whole (:func:`hand_over`), until the fetch takes it
+_handed = threading.local()
 
 
 def mark_slot(slot: Any, base: Any, k: int) -> Any:
     """Mark ``slot`` as sample ``k`` of the batch tensor ``base``; returns it."""
     setattr(slot, _MARK, (base, k))
     return slot
+
+
+def hand_over(base: Any, slots: tuple[Any, ...]) -> None:
+    """A batch loader's note that ``slots`` (marked, in order) are all of the batch tensor ``base``, just written, with
+    no user code run since: the fetch that called it (``fetch.py``) takes it (:func:`take_handed`) and, where its
+    samples are these very tensors, collates them without :func:`batch_of`'s checks of each slot."""
+    _handed.batch = (base, slots)
+
+
+def take_handed() -> tuple[Any, tuple[Any, ...]] | None:
+    """The batch :func:`hand_over` noted in this thread since the last call, or None; the note is cleared."""
+    got = getattr(_handed, "batch", None)
+    if got is not None:
+        _handed.batch = None
+    return got
 
 
 def batch_of(batch: list[Any]) -> Any:
@@ -53,12 +72,14 @@ def batch_of(batch: list[Any]) -> Any:
     return base
 
 
-def collate_pairs(data: Any) -> Any:
+def collate_pairs(data: Any, handed: tuple[Any, tuple[Any, ...]] | None = None) -> Any:
     """``default_collate(data)`` for the common batch, a list of ``(image, int)`` tuples whose images are the
     marked slots of one batch tensor: ``[batch tensor, torch.tensor(targets)]``, as stock's walk gives it (its tuple
     branch collates each column: the tensors through :func:`collate_tensor`, the ints by ``collate_int_fn``), without
     the walk's type tests per level. None (nothing done) for any other batch, or where ``default_collate_fn_map``
-    is not the patch's for tensors and stock's for ints and tuples."""
+    is not the patch's for tensors and stock's for ints and tuples. ``handed``: the fetch's :func:`take_handed`;
+    where the images are its slots themselves (no user code ran since they were written), they are not checked
+    one by one."""
     import torch
     from torch.utils.data._utils import collate
 
@@ -74,7 +95,11 @@ def collate_pairs(data: Any) -> Any:
     images, targets = zip(*data)
     if getattr(images[0], _MARK, None) is None:
         return None
-    base = batch_of(images)
+    if handed is not None and len(images) == len(handed[1]) and all(map(operator.is_, images, handed[1])) \
+            and torch.utils.data.get_worker_info() is None:
+        base = handed[0]
+    else:
+        base = batch_of(images)
     if base is None:
         return None
     for t in images:

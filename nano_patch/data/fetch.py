@@ -101,8 +101,9 @@ def make_fetch(stock_fetch: Callable[..., Any], subset_cls: type) -> Callable[..
                     data = [self.dataset[idx] for idx in possibly_batched_index]
         else:
             data = self.dataset[possibly_batched_index]
+        handed = collate.take_handed()  # (taken in every case: a note never outlives its fetch)
         if self.collate_fn is stock_default_collate:  # the common batch without stock's walk (same result)
-            batch = collate.collate_pairs(data)
+            batch = collate.collate_pairs(data, handed)
             if batch is not None:
                 return batch
         return self.collate_fn(data)

@@ -184,7 +184,7 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
               n_threads: int, one: Callable[[int], Any], out: list[Any]) -> int:
     """Load samples from ``k0`` into ``out``: draw as many as can be drawn ahead, render them, then take them in
     order; return the index to go on from."""
-    from ..data import device_tail, loader_pool, torch_state
+    from ..data import collate, device_tail, loader_pool, torch_state
     from . import loading
 
     stats = report.stats
@@ -277,9 +277,11 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
         each = _run_batch(batch, n_threads, state, len(jobs))
         if stats is None and before is None and b"\0" not in batch.done() and not _erasing(jobs):
             # the common batch: every sample in its slot, nothing to call or store between them: taken at once
-            out.extend(zip([job.native.slot_tensor for job in jobs],  # type: ignore[union-attr]
-                           [entry[1] for entry in entries[k0:k0 + len(jobs)]]))
+            slots = tuple([job.native.slot_tensor for job in jobs])  # type: ignore[union-attr]
+            out.extend(zip(slots, [entry[1] for entry in entries[k0:k0 + len(jobs)]]))
             committed = len(jobs)
+            if k0 == 0 and stop is None and len(jobs) == len(entries):
+                collate.hand_over(jobs[0].native.batch, slots)  # type: ignore[union-attr]  # the whole batch, for the fetch's collation
         else:
             outcomes = _batch_outcomes(batch, jobs, each)
     else:
@@ -361,6 +363,10 @@ def _guard(check: Callable[..., Any], *args: Any) -> Any:
         raise _GuardRaised(exc) from exc
 
 
+def _guarded_size_rule(height: int, width: int) -> None:
+    _guard(decode.check_size, height, width)
+
+
 def _native_draws() -> torch_draws.TorchDraws | None:
     """torch's draws made natively from here (``torch_draws``), where that kernel passed its check; else None."""
     if not native.available("torch_draws"):
@@ -392,14 +398,15 @@ def _source(path: Any, store: cache.Store | None, crop_window: bool, index: file
     """
     material = None  # a miss to store, or None
     if store is not None:
-        found = source.look_up(store, path, index=index, size_rule=lambda h, w: _guard(decode.check_size, h, w))
+        found = source.look_up(store, path, index=index, size_rule=_guarded_size_rule)
         if found.kind == source.HIT:  # stock's size rule applied, as its open of the file
             return Job(ARRAY, path, None, array=found.array)
         material = found.material
     if material is None and headers is not None:
         indexed = headers.size_of(path)
         if indexed is not None:  # a plain, whole JPEG, unchanged: its open checks come down to the size rule
-            _guard(decode.check_size, *indexed)
+            if not decode.below_size_limit(*indexed):
+                _guard(decode.check_size, *indexed)
             return Job(JPEG_WINDOW if crop_window else DECODE, path, None, size=indexed)
     identity = file_index.identity_of(path) if material is None and headers is not None else None
     data = decode.read_bytes(path)
@@ -471,7 +478,8 @@ def _run_batch(batch: oprunner.NativeBatch, n_threads: int, state: Any, n: int) 
     calls = min(n_threads, n) if state is not None else 1
     # never the user's error: a sample a failed call did not render takes the Python path (_batch_outcomes)
     with contextlib.suppress(Exception):
-        loader_pool.run_on_threads(batch.run, calls)
+        if not batch.run_on(calls):  # (native helpers: no helper takes the GIL; else the loader's threads)
+            loader_pool.run_on_threads(batch.run, calls)
     return (time.perf_counter() - start) * calls / n
 
 

@@ -59,6 +59,14 @@ def check_size(height: int, width: int) -> None:
     _bomb_check((width, height))
 
 
+def below_size_limit(height: int, width: int) -> bool:
+    """True where :func:`check_size` can do nothing for this size (PIL's rule acts only above
+    ``Image.MAX_IMAGE_PIXELS``): the draw of a batch skips the call then. False where it may act, or where the
+    limit is not a plain int (None, or anything a user set: PIL's own rule then decides)."""
+    limit = Image.MAX_IMAGE_PIXELS
+    return type(limit) is int and max(1, height) * max(1, width) <= limit
+
+
 # Markers PIL's JPEG open reads with a 2-byte length and no warning of its own: the SOFs (not 0xC8),
 # DHT, DAC, DQT, DRI, APP0-APP15 and COM. Anything else makes PIL's own open run (see plain_open).
 _LENGTH_MARKERS = frozenset([*range(0xC0, 0xC8), *range(0xC9, 0xD0), 0xDB, 0xDD, *range(0xE0, 0xF0), 0xFE])

@@ -122,10 +122,12 @@ class HeaderIndex:
     def size_of(self, path: str | os.PathLike[str]) -> tuple[int, int] | None:
         """The indexed JPEG's (height, width) where the file is as it was when indexed; else None."""
         try:
-            entry = self._entries.get(os.fspath(path))
+            entry = self._entries.get(path if type(path) is str else os.fspath(path))
         except TypeError:
             return None
-        return entry[1] if entry is not None and entry[0] == identity_of(path) else None
+        if entry is None:
+            return None
+        return entry[1] if entry[0] == identity_of(path) else None
 
     def add(self, path: str | os.PathLike[str], identity: _Identity, size: tuple[int, int]) -> None:
         """Index ``path`` as a plain, whole JPEG of ``size``, as it was when stat'ed to ``identity``."""

@@ -50,6 +50,8 @@ class NativeRun:
     #: the tail writes there (:func:`_output`)
     flat: np.ndarray | None = None
     offset: int = 0
+    #: the batch tensor the slot is of (None: no slot)
+    batch: Any = None
 
     @property
     def planes(self) -> bool:
@@ -252,6 +254,8 @@ def run_jpeg(job: NativeRun, data: bytes, size: tuple[int, int], path: Any) -> A
 
 _layouts: dict[tuple[Any, ...], tuple[tuple[int, ...], tuple[int, ...]] | None] = {}
 _layouts_lock = threading.Lock()
+#: batch layouts whose first slot was found to be the start of the batch's memory, dense (:func:`batch_tensor`)
+_dense_layouts: set[tuple[Any, ...]] = set()
 
 
 def _sample_layout(job: NativeRun) -> tuple[tuple[int, ...], tuple[int, ...], Any]:
@@ -301,27 +305,34 @@ def batch_tensor(jobs: list[NativeRun]) -> Any:
     from ..data import collate
 
     first = jobs[0]
-    if any(j.kind != first.kind or j.shape != first.shape or
-           (j.table is not None and j.table.shape != first.table.shape) for j in jobs):  # type: ignore[union-attr]
-        return None  # stock's collate raises, or stacks other shapes: each sample its own tensor
+    kind, out_shape, table = first.kind, first.shape, first.table
+    for j in jobs:  # (a run's samples share their tail's table: the identity answers)
+        if j.kind != kind or j.shape != out_shape or (j.table is not table and (
+                j.table is None or table is None or j.table.shape != table.shape)):
+            return None  # stock's collate raises, or stacks other shapes: each sample its own tensor
     shape, strides, dtype = _sample_layout(first)
     layout = _batch_layout(len(jobs), shape, strides, dtype)
     if layout is None:
         return None
     base = torch.empty_strided(layout[0], layout[1], dtype=dtype)
     # stack's layout is dense: its memory, in order, is one flat array, each slot a block of it (the tails write
-    # there: run_batch's dst, _output's view); the first slot's array checks that, for all (they share a layout)
+    # there: run_batch's dst, _output's view); the first slot's array checks that, for all (they share a layout),
+    # once per layout
     flat = base.as_strided((base.numel(),), (1,)).numpy()
-    first_view = base[0].numpy() if first.planes else base[0].numpy().transpose(1, 2, 0)
-    if not first_view.flags.c_contiguous or first_view.ctypes.data != flat.ctypes.data:
-        return None
+    dense_key = (layout, first.planes)
+    if dense_key not in _dense_layouts:
+        first_view = base[0].numpy() if first.planes else base[0].numpy().transpose(1, 2, 0)
+        if not first_view.flags.c_contiguous or first_view.ctypes.data != flat.ctypes.data:
+            return None
+        with _layouts_lock:
+            _dense_layouts.add(dense_key)
     step = base.stride(0) * base.element_size()
     slots = base.unbind(0)
     if tuple(slots[0].stride()) != strides:  # they differ on a size-1 dimension: the sample's own strides
         slots = tuple(slot.as_strided(shape, strides) for slot in slots)
     mark = collate.mark_slot
     for k, (job, slot) in enumerate(zip(jobs, slots)):
-        job.slot_tensor, job.flat, job.offset = mark(slot, base, k), flat, k * step
+        job.slot_tensor, job.flat, job.offset, job.batch = mark(slot, base, k), flat, k * step, base
     return base
 
 
@@ -336,10 +347,19 @@ class NativeBatch:
         self._handle, self.jobs = handle, jobs
         mod = native.kernel("tables")
         self._run, self._done, self._result = mod.run_batch, mod.batch_done, mod.batch_result
+        self._run_on = getattr(mod, "run_batch_on", None)
 
     def run(self) -> int:
         """Render samples until none is left (call from each loader thread); how many this call rendered."""
         return self._run(self._handle)
+
+    def run_on(self, n_threads: int) -> int:
+        """Render every sample on ``n_threads`` threads, this one and native helpers that never take the GIL (it is
+        released once); how many threads ran (fewer where a helper could not be started), or 0 where this build
+        has no such helpers (nothing run: call :meth:`run` from each thread)."""
+        if self._run_on is None:
+            return 0
+        return self._run_on(self._handle, n_threads)[0]
 
     def done(self) -> bytes:
         """Per sample, 1 where it was written to its slot (its tensor is ``jobs[k].slot_tensor``), else 0."""

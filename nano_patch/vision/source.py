@@ -44,7 +44,8 @@ def look_up(store: cache.Store | None, path: str | os.PathLike[str], mode: str =
             index: FileIndex | None = None, size_rule: Callable[[int, int], Any] = decode.check_size,
             native_mode: bool = False) -> Found:
     """The cache's answer for ``path`` decoded to ``mode``. A hit has had ``size_rule`` (stock's size rule, or a
-    caller's wrapper of it) applied and is counted; a miss is counted once its decode is recorded."""
+    caller's wrapper of it: called only where that rule can act, ``decode.below_size_limit``) applied and is
+    counted; a miss is counted once its decode is recorded."""
     if store is None:
         return Found(UNCACHED)
     if index is not None:
@@ -58,7 +59,7 @@ def look_up(store: cache.Store | None, path: str | os.PathLike[str], mode: str =
         # Stock opens the file each time, and PIL's size rule acts there: a limit lowered since the image was
         # stored must act on the hit (the entry is the full decode, so its shape is the size). Where this
         # sample's open stage already ran (PIL opened the file for its header), the rule has acted once.
-        if not decode.open_stage_ran(path):
+        if not decode.below_size_limit(a.shape[0], a.shape[1]) and not decode.open_stage_ran(path):
             size_rule(a.shape[0], a.shape[1])
         count_hit(path, a, native_mode)
         return Found(HIT, array=a)

@@ -11,7 +11,7 @@ from typing import Any
 
 from .disk import free_space, human_bytes, store_bytes
 from .entries import MIN_CAP
-from .process import Setting, open_store, setting
+from .process import Setting, open_store, opened_store, setting
 from .store import Store
 
 #: ``--fast`` caches a dataset only when its estimated decoded size is at most this share of the
@@ -25,20 +25,28 @@ AUTO_SAMPLE = 200
 #: --fast's decision per dataset: cache it or not, kept with the dataset.
 _decisions: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 _decisions_by_id: dict[int, bool] = {}
+#: the store of the last setting asked for (``process.setting`` gives the same object while nothing changed)
+_last_store: tuple[Setting, Store] | None = None
 
 
 def store_for(dataset: Any = None) -> Store | None:
     """The store to use for images of ``dataset`` (None: a loader call outside a dataset), or None."""
+    global _last_store
     s = setting()
     if s.mode == "off":
         return None
-    if s.mode == "auto":
-        if dataset is None or not decide(dataset, s):
-            return None
-        # the budget, fixed when the first dataset is cached in this process
-        store = open_store(s.folder, max(MIN_CAP, _budget(s.folder)), explicit=False)
+    if s.mode == "auto" and (dataset is None or not decide(dataset, s)):
+        return None
+    last = _last_store
+    if last is not None and last[0] is s:  # (asked once per batch; a process's stores are never dropped)
+        store = last[1]
     else:
-        store = open_store(s.folder, s.cap)
+        if s.mode == "auto":
+            # the budget, fixed when the first dataset is cached in this process (measured only then)
+            store = opened_store(s.folder) or open_store(s.folder, max(MIN_CAP, _budget(s.folder)), explicit=False)
+        else:
+            store = open_store(s.folder, s.cap)
+        _last_store = (s, store)
     return None if store.off else store
 
 

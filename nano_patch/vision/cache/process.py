@@ -32,15 +32,26 @@ class Setting:
     folder: Path
 
 
+#: the last setting made, with what it was made from (asked once per batch: the folder's path, made anew, cost
+#: more than the rest of the look-up)
+_last_setting: tuple[tuple[object, ...], Setting] | None = None
+
+
 def setting() -> Setting:
+    """The setting the options ask for now (the same object while the options and the home folder are the same)."""
+    global _last_setting
     import nano_patch
 
     opts = nano_patch.options()
-    value = opts.cache_decoded
-    folder = Path(opts.cache_dir).expanduser() if opts.cache_dir else default_dir()
-    if isinstance(value, int):
-        return Setting("on", value, folder)
-    return Setting(str(value), None, folder)
+    value, given = opts.cache_decoded, opts.cache_dir
+    made_from = (value, given, os.environ.get("HOME"), None if given else os.environ.get("XDG_CACHE_HOME"))
+    last = _last_setting
+    if last is not None and last[0] == made_from:
+        return last[1]
+    folder = Path(given).expanduser() if given else default_dir()
+    made = Setting("on", value, folder) if isinstance(value, int) else Setting(str(value), None, folder)
+    _last_setting = (made_from, made)
+    return made
 
 
 #: One store per cache folder and process (LMDB allows one open environment per file and process).

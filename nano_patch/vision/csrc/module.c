@@ -459,7 +459,7 @@ static int parse_op(PyObject *record, nano_op *op, PyObject **table) {
  * buffer, which holds every sample's slot (dst_obj is then not taken: only its format is checked here, and the
  * slots' places by the caller). */
 static int op_run_parse(op_run *r, PyObject *ops_obj, Py_ssize_t skip, PyObject *table_obj, PyObject *dst_obj,
-                        const Py_buffer *batch_dst) {
+                        const Py_buffer *batch_dst, const Py_buffer *batch_table) {
     Py_ssize_t n = PyTuple_Size(ops_obj) - skip;
     if (n < 0 || n > 4096) {
         PyErr_SetString(PyExc_ValueError, "run_ops: too many ops");
@@ -503,17 +503,21 @@ static int op_run_parse(op_run *r, PyObject *ops_obj, Py_ssize_t skip, PyObject 
              db->format && strcmp(db->format, want_format) == 0;
     Py_ssize_t rows = 1;
     if (ok && tail->kind != NANO_TAIL_BYTES) {
-        if (PyObject_GetBuffer(table_obj, &r->tb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
-            goto fail;
-        r->have_table = 1;
-        ok = r->tb.ndim == 2 && r->tb.shape[1] == 256 && r->tb.itemsize == item && r->tb.format &&
-             strcmp(r->tb.format, want_format) == 0;
-        rows = ok ? r->tb.shape[0] : 0;
+        const Py_buffer *tb = batch_table;
+        if (tb == NULL) { /* (a batch's later samples share its first sample's table, held by the batch) */
+            if (PyObject_GetBuffer(table_obj, &r->tb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+                goto fail;
+            r->have_table = 1;
+            tb = &r->tb;
+        }
+        ok = tb->ndim == 2 && tb->shape[1] == 256 && tb->itemsize == item && tb->format &&
+             strcmp(tb->format, want_format) == 0;
+        rows = ok ? tb->shape[0] : 0;
         /* planes: one grey plane may broadcast to several rows (stock's Normalize); pixels: a row per channel */
         ok = ok && (tail->kind == NANO_TAIL_PLANES_F32 || tail->kind == NANO_TAIL_PLANES_F64
                         ? (rows == tail->channels || (tail->channels == 1 && rows >= 1 && rows <= 3))
                         : rows == tail->channels);
-        tail->table = r->tb.buf;
+        tail->table = tb->buf;
         tail->table_rows = (int)rows;
     } else {
         rows = tail->channels;
@@ -556,7 +560,7 @@ static PyObject *py_run_ops(PyObject *self, PyObject *args) {
     image_arg src;
     if (get_image(src_obj, "src", 0, 0, &src) < 0)
         return NULL;
-    if (op_run_parse(&r, ops_obj, 0, table_obj, dst_obj, NULL) < 0) {
+    if (op_run_parse(&r, ops_obj, 0, table_obj, dst_obj, NULL, NULL) < 0) {
         release(&src);
         return NULL;
     }
@@ -608,7 +612,7 @@ static PyObject *py_run_ops_file(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "run_ops_file: needs _jpeg's file_api of this build and a crop first");
         return NULL;
     }
-    if (op_run_parse(&r, ops_obj, 1, table_obj, dst_obj, NULL) < 0) {
+    if (op_run_parse(&r, ops_obj, 1, table_obj, dst_obj, NULL, NULL) < 0) {
         Py_DECREF(path_obj);
         return NULL;
     }
@@ -784,7 +788,8 @@ static PyObject *py_prepare_batch(PyObject *self, PyObject *args) {
             it->f.height = first.c;
             it->f.width = first.d;
         }
-        if (op_run_parse(&r, ops_obj, it->path ? 1 : 0, table_obj, dst_obj, &b->db) < 0)
+        if (op_run_parse(&r, ops_obj, it->path ? 1 : 0, table_obj, dst_obj, &b->db,
+                         b->have_table ? &b->tb : NULL) < 0)
             goto fail;
         if (offset < 0 || offset > b->db.len - r.slot_bytes || offset % b->db.itemsize != 0) {
             op_run_release(&r);
@@ -857,6 +862,52 @@ static PyObject *py_run_batch(PyObject *self, PyObject *capsule) {
     }
     Py_END_ALLOW_THREADS
     return PyLong_FromSsize_t(ran);
+}
+
+typedef struct {
+    op_batch *b;
+    Py_ssize_t ran; /* (atomic) */
+} shared_run;
+
+static void take_items(void *arg) {
+    shared_run *run = arg;
+    op_batch *b = run->b;
+    for (;;) {
+        int k = __atomic_fetch_add(&b->next, 1, __ATOMIC_RELAXED);
+        if (k >= b->n)
+            break;
+        run_item(b, &b->items[k]);
+        __atomic_fetch_add(&run->ran, 1, __ATOMIC_RELAXED);
+    }
+}
+
+/* run_batch_on(batch, n_threads) -> (threads, samples): the batch's samples on n_threads threads at once (the
+ * caller and native helpers, helpers.c), the GIL released once; returns how many threads ran and samples this call
+ * took (every sample left, unless another run_batch takes some meanwhile). */
+static PyObject *py_run_batch_on(PyObject *self, PyObject *args) {
+    PyObject *capsule;
+    int n_threads;
+    if (!PyArg_ParseTuple(args, "Oi:run_batch_on", &capsule, &n_threads))
+        return NULL;
+    op_batch *b = PyCapsule_GetPointer(capsule, OP_BATCH_CAPSULE);
+    if (!b)
+        return NULL;
+    if (n_threads < 1) {
+        PyErr_SetString(PyExc_ValueError, "run_batch_on: n_threads must be at least 1");
+        return NULL;
+    }
+    if (n_threads > b->n)
+        n_threads = (int)b->n;
+    shared_run run = {b, 0};
+    int used;
+    Py_BEGIN_ALLOW_THREADS
+    used = nano_run_shared(take_items, &run, n_threads);
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("(in)", used, run.ran);
+}
+
+static PyObject *py_helpers_started(PyObject *self, PyObject *noargs) {
+    return PyLong_FromLong(nano_helpers_started());
 }
 
 /* batch_done(batch) -> bytes: per sample, 1 where it was written to its slot, else 0 (ask batch_result). */
@@ -944,6 +995,10 @@ static PyMethodDef methods[] = {
     {"run_batch", py_run_batch, METH_O,
      "run_batch(batch) -> int: take the batch's samples until none is left, the GIL released (call it from each "
      "loader thread)."},
+    {"run_batch_on", py_run_batch_on, METH_VARARGS,
+     "run_batch_on(batch, n_threads) -> (threads, samples): the batch's samples on n_threads threads, the caller and "
+     "native helper threads (helpers.c), the GIL released once."},
+    {"helpers_started", py_helpers_started, METH_NOARGS, "Native helper threads started in this process."},
     {"batch_done", py_batch_done, METH_O,
      "batch_done(batch) -> bytes: 1 per sample written to its slot, 0 for the others (see batch_result)."},
     {"batch_result", py_batch_result, METH_VARARGS,

@@ -133,4 +133,12 @@ enum { NANO_OPS_NOMEM = -1, NANO_OPS_BAD = -2, NANO_OPS_SIZE = -3 };
 int nano_run_ops(const nano_view *src, const nano_op *ops, int n_ops, const nano_tail *tail,
                  const nano_op_settings *s);
 
+/* helpers.c: fn(arg) on n_threads threads at once, the caller one of them (native helpers, parked between calls;
+ * call it with the GIL released: they never take it). Returns how many threads ran it (fewer where a helper could
+ * not be started; 1 without POSIX threads). One call at a time: a second caller waits. */
+typedef void (*nano_share_fn)(void *arg);
+int nano_run_shared(nano_share_fn fn, void *arg, int n_threads);
+/* Helpers started in this process. */
+int nano_helpers_started(void);
+
 #endif
