@@ -72,12 +72,18 @@ def _read(full: bool = False) -> TorchState:
     )
 
 
-def capture() -> TorchState | None:
-    """The calling thread's state, or None where it cannot be entered on another thread (see the module)."""
+def caller_only() -> bool:
+    """Whether the calling thread's state cannot be entered on another thread (a Python mode stack, or torch
+    functions disabled): where :func:`capture` gives None, without reading the rest of the state."""
     import torch
 
     C = torch._C
-    if C._len_torch_function_stack() or C._len_torch_dispatch_stack() or not C._is_torch_function_enabled():
+    return bool(C._len_torch_function_stack() or C._len_torch_dispatch_stack() or not C._is_torch_function_enabled())
+
+
+def capture() -> TorchState | None:
+    """The calling thread's state, or None where it cannot be entered on another thread (see the module)."""
+    if caller_only():
         return None
     return _read()
 

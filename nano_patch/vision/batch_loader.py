@@ -269,23 +269,26 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
     for job, run in zip(jobs, oprunner.prepare_batch([j.native or j.recording for j in jobs])):
         job.native = run  # (all of them: into one batch tensor, which default_collate then takes as it is)
     drawn = time.perf_counter()
-    state = torch_state.capture() if n_threads > 1 and len(jobs) > 1 else None
+    parallel = n_threads > 1 and len(jobs) > 1
     batch = _native_batch(jobs)
     outcomes: list[tuple[bool, Any]] = []
     committed = 0
     if batch is not None:
-        each = _run_batch(batch, n_threads, state, len(jobs))
+        # the native calls run no torch op (no thread enters the caller's torch state); where that state cannot be
+        # held by another thread, the calling thread takes them all, as map_outcomes would
+        calls = min(n_threads, len(jobs)) if parallel and not torch_state.caller_only() else 1
+        each = _run_batch(batch, calls, len(jobs))
         if stats is None and before is None and b"\0" not in batch.done() and not _erasing(jobs):
             # the common batch: every sample in its slot, nothing to call or store between them: taken at once
             slots = tuple([job.native.slot_tensor for job in jobs])  # type: ignore[union-attr]
             out.extend(zip(slots, [entry[1] for entry in entries[k0:k0 + len(jobs)]]))
             committed = len(jobs)
-            if k0 == 0 and stop is None and len(jobs) == len(entries):
-                collate.hand_over(jobs[0].native.batch, slots)  # type: ignore[union-attr]  # the whole batch, for the fetch's collation
+            if k0 == 0 and stop is None and len(jobs) == len(entries):  # the whole batch, for the fetch's collation
+                collate.hand_over(jobs[0].native.batch, slots)  # type: ignore[union-attr]
         else:
             outcomes = _batch_outcomes(batch, jobs, each)
     else:
-        outcomes = loader_pool.map_outcomes(_render, jobs, n_threads, state)
+        outcomes = loader_pool.map_outcomes(_render, jobs, n_threads, torch_state.capture() if parallel else None)
     done = time.perf_counter()
     stale = False  # the samples left were drawn from a state that is not stock's: one by one, in order
     for j, (job, (ok, rendered)) in enumerate(zip(jobs, outcomes)):
@@ -468,14 +471,11 @@ def _erasing(jobs: list[Job]) -> bool:
     return any(job.recording is not None and job.recording.erasures is not None for job in jobs)
 
 
-def _run_batch(batch: oprunner.NativeBatch, n_threads: int, state: Any, n: int) -> float:
-    """``batch``'s native calls, one per thread; the render's seconds per sample (wall time shared out)."""
+def _run_batch(batch: oprunner.NativeBatch, calls: int, n: int) -> float:
+    """``batch``'s native calls on ``calls`` threads; the render's seconds per sample (wall time shared out)."""
     from ..data import loader_pool
 
     start = time.perf_counter()
-    # the calls run no torch op (no thread enters the caller's torch state); where the caller's state cannot be
-    # held by another thread (state None), the calling thread takes them all, as map_outcomes would
-    calls = min(n_threads, n) if state is not None else 1
     # never the user's error: a sample a failed call did not render takes the Python path (_batch_outcomes)
     with contextlib.suppress(Exception):
         if not batch.run_on(calls):  # (native helpers: no helper takes the GIL; else the loader's threads)
