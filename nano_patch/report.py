@@ -79,6 +79,12 @@ class Stats:
             self.counts[(patch, fast, reason)] += 1
         self._maybe_flush()
 
+    def count_many(self, counts: dict[tuple[str, bool, str], int]) -> None:
+        """:meth:`count` for each key, as often as its value (a batch's samples counted at once)."""
+        with self._lock:
+            self.counts.update(counts)
+        self._maybe_flush()
+
     def add_seconds(self, key: str, seconds: float) -> None:
         with self._lock:
             self.seconds[key] += seconds

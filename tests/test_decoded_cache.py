@@ -549,6 +549,29 @@ def test_fast_caches_a_dataset_that_fits_and_says_so(image_folder, cache_dir, ca
     assert cache.store_for(other) is None
 
 
+def test_fast_measures_the_budget_once_and_each_batch_asks_no_more_of_the_machine(image_folder, cache_dir,
+                                                                                  monkeypatch):
+    """``--fast``'s budget (the machine's memory, the disk's free space) is fixed when the first dataset is cached:
+    it is measured then, not again for every batch; a store of another folder is the one asked for."""
+    from torch.utils.data import DataLoader
+    from torchvision.datasets import ImageFolder
+
+    measured = []
+    real_budget = cache.choice._budget
+    monkeypatch.setattr(cache.choice, "_budget", lambda folder: measured.append(folder) or real_budget(folder))
+    nano_patch.patch_torch(cache_decoded="auto", cache_dir=str(cache_dir), loader_threads=2)
+    ds = ImageFolder(str(image_folder), transform=pets())
+    for _ in range(2):
+        for _ in DataLoader(ds, batch_size=2):
+            pass
+    assert len(measured) == 2  # the dataset's decision, then the store's cap: once each, not per batch
+    assert cache.store_for(ds) is cache.open_store(cache_dir)
+    other_dir = cache_dir.parent / "other"
+    nano_patch.unpatch_torch()
+    nano_patch.patch_torch(cache_decoded="on", cache_dir=str(other_dir))
+    assert cache.store_for(ds) is cache.open_store(other_dir) is not cache.open_store(cache_dir)
+
+
 def test_fast_turns_the_cache_on():
     from nano_patch import preset
 

@@ -123,9 +123,6 @@ def test_what_the_program_does_not_know_gives_no_program(monkeypatch, tmp_path):
     assert _refused(T.Compose([T.RandomCrop(64, padding=4), *tail]))  # a padded crop
     assert not _refused(T.Compose([T.RandomResizedCrop(64), *tail]))  # (the same steps, known)
     assert draw_program.bind(T.Compose([T.RandomResizedCrop(64), *tail]), None, {}) is None  # torch's own draws
-    # --report counts each step per sample: the plan's path
-    monkeypatch.setattr(report, "stats", report.Stats(str(tmp_path)))
-    assert _refused(T.Compose([T.RandomResizedCrop(64), *tail]))
 
 
 def test_pillow_simd_s_grey_keeps_contrast_and_saturation_on_the_plan(monkeypatch):
@@ -157,3 +154,30 @@ def test_the_loader_draws_every_sample_by_the_program_with_stock_s_batches(image
 
     n = len(ImageFolder(str(image_folder)))
     assert made["runs"] + made["given back"] == 2 * n and made["runs"] >= 2 * n - 2
+
+
+@pytest.mark.parametrize("name", ["pets", "c"])
+def test_under_the_report_the_program_runs_and_counts_what_the_plan_s_path_counts(image_folder, monkeypatch, tmp_path,
+                                                                                 name):
+    """``--report`` no longer sends the batches down the plan's path: the program draws them (and the batch is taken
+    at once), and the report counts, per sample, each step, the tensor tail and the op runner's one call, as the
+    plan's path counts them; the batches stay stock's."""
+    nano_patch.unpatch_torch()
+    stock = loader_epochs(image_folder, PIPELINES[name], 8)
+    nano_patch.patch_torch(loader_threads=2)
+    runs, got = [], {}
+    real = draw_program.Program.draw
+    for side in ("program", "plan"):
+        with monkeypatch.context() as m:
+            m.setattr(report, "stats", report.Stats(str(tmp_path / side)))
+            m.setattr(draw_program.Program, "draw", lambda self, hw, side=side: runs.append(side) or real(self, hw))
+            if side == "plan":
+                m.setattr(draw_program, "bind", lambda *args: None)
+            assert_same_epochs(stock, loader_epochs(image_folder, PIPELINES[name], 8))
+            got[side] = (dict(report.stats.counts), report.stats.loader["parallel_samples"])
+    from torchvision.datasets import ImageFolder
+
+    n = len(ImageFolder(str(image_folder)))
+    assert runs.count("program") == 2 * n and "plan" not in runs
+    assert got["program"] == got["plan"] and got["program"][1] == 2 * n
+    assert got["program"][0][("vision_transforms", True, "sample rendered by the native op runner (one call)")] == 2 * n

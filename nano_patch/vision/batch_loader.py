@@ -265,6 +265,8 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
     finally:
         if draws is not None:
             draws.to_torch()  # torch's generator where the run's draws leave it, as stock's would be
+    if stats is not None and program is not None:
+        stats.count_many(program.report_counts())
     after = _states(beyond) if before is not None and jobs else None
     for job, run in zip(jobs, oprunner.prepare_batch([j.native or j.recording for j in jobs])):
         job.native = run  # (all of them: into one batch tensor, which default_collate then takes as it is)
@@ -272,14 +274,16 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
     parallel = n_threads > 1 and len(jobs) > 1
     batch = _native_batch(jobs)
     outcomes: list[tuple[bool, Any]] = []
-    committed = 0
+    committed, each = 0, 0.0
     if batch is not None:
         # the native calls run no torch op (no thread enters the caller's torch state); where that state cannot be
         # held by another thread, the calling thread takes them all, as map_outcomes would
         calls = min(n_threads, len(jobs)) if parallel and not torch_state.caller_only() else 1
         each = _run_batch(batch, calls, len(jobs))
-        if stats is None and before is None and b"\0" not in batch.done() and not _erasing(jobs):
+        if before is None and b"\0" not in batch.done() and not _erasing(jobs):
             # the common batch: every sample in its slot, nothing to call or store between them: taken at once
+            if stats is not None:
+                _count_taken(stats, jobs)
             slots = tuple([job.native.slot_tensor for job in jobs])  # type: ignore[union-attr]
             out.extend(zip(slots, [entry[1] for entry in entries[k0:k0 + len(jobs)]]))
             committed = len(jobs)
@@ -331,7 +335,7 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
             if ok and job.material is not None and r.decoded is not None:
                 source.record_miss(store, job.material, r.decoded, r.decode_s, r.reproducible)
     if stats is not None and committed:
-        rendered_s = [r.render_s for ok, r in outcomes[:committed] if ok]
+        rendered_s = [r.render_s for ok, r in outcomes[:committed] if ok] if outcomes else [each] * committed
         stats.count("dataloader", True, f"batch loaded on {n_threads} threads (draws in stock's order)")
         stats.add_loader({"parallel_batches": 1, "parallel_samples": committed, "parallel_threads": n_threads,
                           "draw_s": drawn - start + time.perf_counter() - done, "render_wall_s": done - drawn,
@@ -481,6 +485,17 @@ def _run_batch(batch: oprunner.NativeBatch, calls: int, n: int) -> float:
         if not batch.run_on(calls):  # (native helpers: no helper takes the GIL; else the loader's threads)
             loader_pool.run_on_threads(batch.run, calls)
     return (time.perf_counter() - start) * calls / n
+
+
+def _count_taken(stats: Any, jobs: list[Job]) -> None:
+    """The run report's counts for a batch taken at once, as :func:`_batch_outcomes` counts its samples."""
+    decoded: dict[tuple[str, bool, str], int] = {}
+    for job in jobs:
+        if job.kind != ARRAY:
+            key = ("vision_datasets", True, oprunner.DECODED[job.kind == JPEG_WINDOW])
+            decoded[key] = decoded.get(key, 0) + 1
+    if decoded:
+        stats.count_many(decoded)
 
 
 def _batch_outcomes(batch: oprunner.NativeBatch, jobs: list[Job], each: float) -> list[tuple[bool, Any]]:

@@ -8,6 +8,10 @@ then ToTensor [+ Normalize]); for them this module binds the plan once per run o
 between a run's draws, so the transforms' parameters cannot change among them) and makes each sample's records
 straight from the native draws (``torch_draws``), with the same checks the step runners make, in the same order.
 
+Under ``--report`` a program counts what the plan's path counts for each sample it makes (each step, the tensor
+tail, the op runner's one call: :meth:`Program.report_counts`), so that the report describes the path that runs
+without it.
+
 What a step runner would do differently for some sample (a native draw that declines, a crop outside the image, a
 hue factor stock rejects, an output size of zero) makes :meth:`Program.draw` give the sample back untouched: the
 generator copy is put back where it was before the sample (from the last checkpoint, by drawing the samples since
@@ -32,6 +36,8 @@ from . import pixels as P
 _HFLIP_RECORD = P.HFLIP.record
 _VFLIP_RECORD = P.VFLIP.record
 _JITTER_CODES = (P.OP_BRIGHTNESS, P.OP_CONTRAST, P.OP_SATURATION, P.OP_HUE)
+#: where ``compose_plan.run`` counts each step it ran
+_REPORT_KEY = "vision_transforms"
 
 #: a step of a bound program: ``(st, hw, records) -> hw`` after the step, or None (the sample goes back)
 Step = Callable[[np.ndarray, tuple[int, int], list[Any]], "tuple[int, int] | None"]
@@ -43,15 +49,19 @@ class _Bound:
     codes: frozenset[int]
     kind: int
     table: Any
+    #: what the run report counts per sample the plan's path draws and renders (``compose_plan.run``'s counts)
+    reasons: tuple[tuple[str, bool, str], ...] = ()
 
 
 class Program:
     """A plan bound to one run of samples' draws (``bind``): :meth:`draw` per sample, in stock's order."""
 
-    __slots__ = ("_steps", "_kind", "_table", "_st", "_checkpoint", "_since")
+    __slots__ = ("_steps", "_kind", "_table", "_st", "_checkpoint", "_since", "_reasons", "made")
 
     def __init__(self, bound: _Bound, draws: Any) -> None:
-        self._steps, self._kind, self._table = bound.steps, bound.kind, bound.table
+        self._steps, self._kind, self._table, self._reasons = bound.steps, bound.kind, bound.table, bound.reasons
+        #: samples drawn by the program so far
+        self.made = 0
         self._st = draws.words
         self._checkpoint = self._st.copy()
         #: sizes of the samples drawn since the checkpoint (to draw them again, where a sample goes back)
@@ -67,8 +77,13 @@ class Program:
                 self._records(done)
             return None
         self._since.append(hw)
+        self.made += 1
         out_hw = records.pop()
         return oprunner.NativeRun(tuple(records), self._kind, self._table, (out_hw[0], out_hw[1], 3))
+
+    def report_counts(self) -> dict[tuple[str, bool, str], int]:
+        """The run report's counts for the samples made so far, as the plan's path counts each sample."""
+        return {reason: self.made for reason in self._reasons} if self.made else {}
 
     def resync(self) -> None:
         """The generator copy moved outside this program (a sample drawn by the plan): checkpoint it."""
@@ -89,9 +104,7 @@ class Program:
 def bind(compose: Any, draws: Any, shared: dict[Any, Any] | None) -> Program | None:
     """``compose``'s plan as a program for one run of samples whose torch draws ``draws`` (a
     ``torch_draws.TorchDraws``) makes; None where the plan's own path must run."""
-    from .. import report
-
-    if draws is None or report.stats is not None:
+    if draws is None:
         return None
     spec = compose_call.uint8_tail(compose)
     if spec is not None and spec.erasers:
@@ -118,7 +131,10 @@ def _bind(plan: compose_plan.Plan, draws: Any, shared: dict[Any, Any] | None, ui
             end = _tensor_tail(tail, uint8, shared)
             if end is None:
                 return None
-            return _Bound(out, frozenset(codes), *end)
+            reasons = (*((_REPORT_KEY, True, type(t).__name__) for t in items[:i]),
+                       (_REPORT_KEY, True, " + ".join(type(s).__name__ for s in tail.steps)),
+                       (oprunner.REPORT_KEY, True, oprunner.ONE_CALL))
+            return _Bound(out, frozenset(codes), *end, reasons)
         maker = _MAKERS.get(plan.runners[i])  # type: ignore[arg-type]
         if maker is None:
             return None

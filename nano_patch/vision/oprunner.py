@@ -32,8 +32,9 @@ _code = operator.itemgetter(0)  # a record's op code
 #: The native tail kinds (``native.h``'s NANO_TAIL_*).
 BYTES, PLANES_F32, PLANES_F64, PIXELS_F32, PIXELS_F64 = range(5)
 _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
-#: Where a sample's render is counted in the run report.
+#: Where a sample's render is counted in the run report, and how a sample the op runner renders is counted.
 REPORT_KEY = "vision_transforms"
+ONE_CALL = "sample rendered by the native op runner (one call)"
 
 
 @dataclass(slots=True)
@@ -414,7 +415,7 @@ def prepare_batch(recordings: list[Recording | NativeRun | None]) -> list[Native
         if recording is None:  # no transform, or a sample loaded one by one: nothing to render
             jobs.append(None)
             continue
-        if type(recording) is NativeRun:  # (made by the draw program, which runs only without a report)
+        if type(recording) is NativeRun:  # (made by the draw program, which counts its samples for the report)
             jobs.append(recording)
             continue
         job = prepare(recording)
@@ -424,7 +425,7 @@ def prepare_batch(recordings: list[Recording | NativeRun | None]) -> list[Native
             jobs.append(None)
         else:
             if stats is not None:
-                stats.count(REPORT_KEY, True, "sample rendered by the native op runner (one call)")
+                stats.count(REPORT_KEY, True, ONE_CALL)
             jobs.append(job)
     if jobs and all(j is not None for j in jobs):
         batch_tensor(jobs)  # type: ignore[arg-type]
