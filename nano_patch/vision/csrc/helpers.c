@@ -6,9 +6,9 @@
  * once, hands the batch's work function to the parked helpers, takes its own share, and waits for them.
  *
  * One batch at a time (the `use` lock; a second caller waits for it, the GIL released). Helpers are started as
- * the thread counts asked for grow, with every signal blocked (signals stay with the interpreter's threads), and
- * park on a condition between batches. A helper that cannot be started leaves the batch to fewer threads. After a
- * fork, the child has none of the parent's helpers: its pool starts empty (pthread_atfork). */
+ * the thread counts asked for grow, with every asynchronous signal blocked (those stay with the interpreter's
+ * threads), and park on a condition between batches. A helper that cannot be started leaves the batch to fewer
+ * threads. After a fork, the child has none of the parent's helpers: its pool starts empty (pthread_atfork). */
 
 #include <Python.h>
 
@@ -82,8 +82,15 @@ static int ensure_helpers(int want) {
             return pool.started; /* no fork safety: no helpers */
         atfork_set = 1;
     }
+    /* every signal blocked but the synchronous ones a fault raises in the faulting thread itself, which
+     * Python's faulthandler reports as it would from a Python thread */
     sigset_t all, old;
     sigfillset(&all);
+    sigdelset(&all, SIGSEGV);
+    sigdelset(&all, SIGBUS);
+    sigdelset(&all, SIGFPE);
+    sigdelset(&all, SIGILL);
+    sigdelset(&all, SIGABRT);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     pthread_attr_t attr;
     pthread_attr_init(&attr);
