@@ -846,24 +846,6 @@ static void run_item(op_batch *b, batch_item *it) {
     it->state = ITEM_DONE;
 }
 
-/* run_batch(batch): take samples until none is left, the GIL released; returns how many this call ran. */
-static PyObject *py_run_batch(PyObject *self, PyObject *capsule) {
-    op_batch *b = PyCapsule_GetPointer(capsule, OP_BATCH_CAPSULE);
-    if (!b)
-        return NULL;
-    Py_ssize_t ran = 0;
-    Py_BEGIN_ALLOW_THREADS
-    for (;;) {
-        int k = __atomic_fetch_add(&b->next, 1, __ATOMIC_RELAXED);
-        if (k >= b->n)
-            break;
-        run_item(b, &b->items[k]);
-        ran++;
-    }
-    Py_END_ALLOW_THREADS
-    return PyLong_FromSsize_t(ran);
-}
-
 typedef struct {
     op_batch *b;
     Py_ssize_t ran; /* (atomic) */
@@ -879,6 +861,18 @@ static void take_items(void *arg) {
         run_item(b, &b->items[k]);
         __atomic_fetch_add(&run->ran, 1, __ATOMIC_RELAXED);
     }
+}
+
+/* run_batch(batch): take samples until none is left, the GIL released; returns how many this call ran. */
+static PyObject *py_run_batch(PyObject *self, PyObject *capsule) {
+    op_batch *b = PyCapsule_GetPointer(capsule, OP_BATCH_CAPSULE);
+    if (!b)
+        return NULL;
+    shared_run run = {b, 0};
+    Py_BEGIN_ALLOW_THREADS
+    take_items(&run);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromSsize_t(run.ran);
 }
 
 /* run_batch_on(batch, n_threads) -> (threads, samples): the batch's samples on n_threads threads at once (the
