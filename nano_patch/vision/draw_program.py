@@ -36,8 +36,6 @@ from . import pixels as P
 _HFLIP_RECORD = P.HFLIP.record
 _VFLIP_RECORD = P.VFLIP.record
 _JITTER_CODES = (P.OP_BRIGHTNESS, P.OP_CONTRAST, P.OP_SATURATION, P.OP_HUE)
-#: where ``compose_plan.run`` counts each step it ran
-_REPORT_KEY = "vision_transforms"
 
 #: a step of a bound program: ``(st, hw, records) -> hw`` after the step, or None (the sample goes back)
 Step = Callable[[np.ndarray, tuple[int, int], list[Any]], "tuple[int, int] | None"]
@@ -131,9 +129,9 @@ def _bind(plan: compose_plan.Plan, draws: Any, shared: dict[Any, Any] | None, ui
             end = _tensor_tail(tail, uint8, shared)
             if end is None:
                 return None
-            reasons = (*((_REPORT_KEY, True, type(t).__name__) for t in items[:i]),
-                       (_REPORT_KEY, True, " + ".join(type(s).__name__ for s in tail.steps)),
-                       (oprunner.REPORT_KEY, True, oprunner.ONE_CALL))
+            key = oprunner.REPORT_KEY  # (where ``compose_plan.run`` counts each step it ran, too)
+            reasons = (*((key, True, type(t).__name__) for t in items[:i]),
+                       (key, True, " + ".join(type(s).__name__ for s in tail.steps)), (key, True, oprunner.ONE_CALL))
             return _Bound(out, frozenset(codes), *end, reasons)
         maker = _MAKERS.get(plan.runners[i])  # type: ignore[arg-type]
         if maker is None:
