@@ -378,8 +378,8 @@ def test_run_batch_on_renders_every_sample_on_the_threads_asked_for(tmp_path, ph
     as the region decode and the op runner write it, on as many threads as asked for (at most one per sample)."""
     mod = native.kernel("tables")
     handle, flat, want = _file_batch(tmp_path, photos)
-    threads, by_caller = mod.run_batch_on(handle, 4)
-    assert threads == 4 and 0 <= by_caller <= 12 and mod.helpers_started() >= 3
+    threads, taken = mod.run_batch_on(handle, 4)
+    assert threads == 4 and taken == 12 and mod.helpers_started() >= 3  # (taken: by all of the call's threads)
     assert _written(mod, handle, flat, want)
     assert mod.run_batch_on(handle, 4)[1] == 0  # nothing left to take
     (tmp_path / "two").mkdir()
