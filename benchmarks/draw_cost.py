@@ -4,7 +4,7 @@ before its pixels are rendered on the loader's threads.
 Two parts, timed apart, per image, over an ImageFolder of real-photo JPEGs (``examples/make_photo_folder.py``),
 with the decoded-image cache off and warm (filled by a first pass):
 
-- ``source``: the sample's size and the cache's lookup (``vision/batch_loader.py``'s ``_source``): with the cache
+- ``source``: the sample's size and the cache's lookup (``data/batch_loader.py``'s ``_source``): with the cache
   off, the header index's answer for a file seen before (a ``stat``), else the JPEG header and PIL's open checks;
   the key and the entry with it warm;
 - ``draw``: ``_source`` and the plan's draws on a Recording (``_draw``), pipelines pets, (b) and (c): with torch's
@@ -44,7 +44,8 @@ nano_patch.patch_torch(loader_threads=2, cache_decoded="on" if cfg["cache"] == "
 import torch
 import torchvision.transforms as T
 from torchvision.datasets import ImageFolder
-from nano_patch.vision import batch_loader, cache, compose_plan, native
+from nano_patch.data import batch_loader
+from nano_patch.vision import cache, compose_plan, native
 norm = T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
 tf = T.Compose({
     "pets": [T.RandomResizedCrop(128), T.RandomHorizontalFlip(), T.ColorJitter(0.3, 0.3, 0.3), T.ToTensor(), norm],

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import random
 from pathlib import Path
+from typing import Any
 
 
 def sources() -> list[Path]:
@@ -40,19 +41,34 @@ def build(root: Path, per_class: int = 64, seed: int = 0) -> Path:
     rng = random.Random(seed)
     for split, n in (("train", per_class), ("val", max(8, per_class // 4))):
         for src in sources():
-            im = Image.open(src).convert("RGB")
-            out = root / split / src.stem
-            out.mkdir(parents=True, exist_ok=True)
-            for i in range(n):
-                w, h = im.size
-                cw, ch = int(w * rng.uniform(0.6, 1.0)), int(h * rng.uniform(0.6, 1.0))
-                x, y = rng.randint(0, w - cw), rng.randint(0, h - ch)
-                crop = im.crop((x, y, x + cw, y + ch))
-                side = rng.randint(300, 500)
-                scale = side / max(crop.size)
-                crop = crop.resize((max(1, int(crop.width * scale)), max(1, int(crop.height * scale))), Image.BICUBIC)
-                crop.save(out / f"{i:04d}.jpg", quality=rng.randint(80, 95))
+            _crops(Image.open(src).convert("RGB"), root / split / src.stem, n, rng)
     return root
+
+
+def _crops(im: Any, out: Path, n: int, rng: random.Random) -> None:
+    """``n`` random crops of ``im``, longer side 300-500 px, saved as JPEGs in ``out``."""
+    from PIL import Image
+
+    out.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        w, h = im.size
+        cw, ch = int(w * rng.uniform(0.6, 1.0)), int(h * rng.uniform(0.6, 1.0))
+        x, y = rng.randint(0, w - cw), rng.randint(0, h - ch)
+        crop = im.crop((x, y, x + cw, y + ch))
+        side = rng.randint(300, 500)
+        scale = side / max(crop.size)
+        crop = crop.resize((max(1, int(crop.width * scale)), max(1, int(crop.height * scale))), Image.BICUBIC)
+        crop.save(out / f"{i:04d}.jpg", quality=rng.randint(80, 95))
+
+
+def build_class(root: Path | str, src: Path | str, per_class: int, seed: int = 0) -> Path:
+    """One class of a training folder (``root/train/<photo>``), from the photo ``src``: for building the classes in
+    parallel (its crops are seeded per class, so they are not :func:`build`'s)."""
+    from PIL import Image
+
+    out = Path(root) / "train" / Path(src).stem
+    _crops(Image.open(src).convert("RGB"), out, per_class, random.Random(f"{seed}:{Path(src).stem}"))
+    return out
 
 
 if __name__ == "__main__":

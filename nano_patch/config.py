@@ -49,10 +49,12 @@ class Options:
     cache_decoded: str | int = "off"
     cache_dir: str | None = None
     loader_threads: int | str = "auto"
+    virtual_workers: bool = True
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(Options))
-BOOLEAN_FIELDS = ("vision", "dataloader", "trainer", "channels_last", "scaled_decode", "uint8_batches")
+BOOLEAN_FIELDS = ("vision", "dataloader", "trainer", "channels_last", "scaled_decode", "uint8_batches",
+                  "virtual_workers")
 
 # What each option does, for `nano-patch run --help`.
 DESCRIPTIONS = {
@@ -71,6 +73,8 @@ DESCRIPTIONS = {
     "cache_dir": "the private folder of the decoded-image cache (default: ~/.cache/nano-patch/decoded-images)",
     "loader_threads": "threads that load each batch of a num_workers=0 DataLoader (decode and transforms, with "
                       "stock's draws in stock's order); auto = the usable cores",
+    "virtual_workers": "num_workers=N as N virtual workers in this process where no user code runs in a worker "
+                       "(stock's seeds and batches; else worker processes)",
 }
 
 # What each option accepts, for error messages and the README table.
@@ -90,6 +94,7 @@ ACCEPTED = {
     "cache_dir": "a folder path (created with mode 0700; refused if owned by another user or writable by others)",
     "loader_threads": 'a positive int, "auto" (the usable cores: affinity and cgroup quota) or "off" (one by one, '
                       'as stock)',
+    "virtual_workers": "a bool (env: 1/0, true/false, yes/no, on/off)",
 }
 
 

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -220,7 +221,9 @@ def _batches(loader, seed=0):
 
 @pytest.mark.parametrize("ctx", ["fork", "spawn"])
 @pytest.mark.parametrize("normalize", [True, False])
-def test_uint8_batches_equal_stock_with_a_quarter_of_the_bytes(image_folder, ctx, normalize):
+def test_worker_processes_finish_the_tail_where_no_device_does(image_folder, ctx, normalize):
+    """Without a device to finish the tensor tail, the worker processes finish it (float batches cross, as stock's):
+    the main process does no per-batch pixel work."""
     from torchvision.datasets import ImageFolder
 
     from nano_patch.data.uint8_batches import Uint8Batches
@@ -228,31 +231,81 @@ def test_uint8_batches_equal_stock_with_a_quarter_of_the_bytes(image_folder, ctx
     ds = ImageFolder(str(image_folder), transform=_exact_pipeline(normalize))
     kw = dict(batch_size=4, num_workers=2, multiprocessing_context=ctx)
     _, stock = _batches(DataLoader(ds, **kw))
-    nano_patch.patch_torch()
+    nano_patch.patch_torch(virtual_workers=False)
     it, patched = _batches(DataLoader(ds, **kw))
-    assert isinstance(it, Uint8Batches)
+    assert not isinstance(it, Uint8Batches) and type(it).__name__ == "_MultiProcessingDataLoaderIter"
     assert len(patched) == len(stock) == 3
     for (a, ya), (b, yb) in zip(stock, patched):
-        assert a.dtype == b.dtype == torch.float32 and a.shape == b.shape
-        assert torch.equal(a, b)  # bit-identical: the batch is finished with stock's own arithmetic
+        assert a.dtype == b.dtype == torch.float32 and a.shape == b.shape and a.stride() == b.stride()
+        assert torch.equal(a, b)
         assert torch.equal(ya, yb)
-    assert it.last_image_bytes * 4 == stock[-1][0].nbytes  # uint8 crossed, not float32
     assert ds[0][0].dtype == torch.float32  # dataset[i] in the main process stays stock
 
 
-def test_uint8_batches_equal_the_patched_float_path_on_a_resizing_pipeline(image_folder):
-    """Pipeline (b) of the vision benchmark: uint8 batches change nothing but the bytes carried."""
+def test_a_worker_process_takes_its_batch_whole_into_shared_memory(image_folder, monkeypatch):
+    """In a worker process the batch path renders each batch into one tensor in shared memory (where stock's
+    ``default_collate`` allocates a worker's batch): it crosses as it is, with no stack and no copy."""
+    from torch.utils.data import _DatasetKind, default_collate
+    from torch.utils.data._utils import worker
     from torchvision import transforms as T
     from torchvision.datasets import ImageFolder
 
+    from nano_patch.data import loader_pool
+
     tf = T.Compose([T.RandomResizedCrop(96), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
     ds = ImageFolder(str(image_folder), transform=tf)
-    nano_patch.patch_torch(uint8_batches=False)
-    it_f, floats = _batches(DataLoader(ds, batch_size=4, num_workers=1))
-    assert not hasattr(it_f, "last_image_bytes")
+    torch.manual_seed(0)
+    want_x, want_y = default_collate([ds[i] for i in (0, 3, 1, 4)])
+    state = torch.get_rng_state()
+    nano_patch.patch_torch()
+    monkeypatch.setattr(worker, "_worker_info", worker.WorkerInfo(id=0, num_workers=1, seed=0, dataset=ds))
+    assert loader_pool.threads() == 1
+    fetcher = _DatasetKind.create_fetcher(_DatasetKind.Map, ds, True, default_collate, False)
+
+    real_stack = torch.stack
+
+    def no_stack(tensors, *args, **kwargs):
+        if tensors[0].device.type != "meta":  # (the batch layout is found on the meta device: no memory)
+            raise AssertionError("the batch was stacked")
+        return real_stack(tensors, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "stack", no_stack)
+    torch.manual_seed(0)
+    x, y = fetcher.fetch([0, 3, 1, 4])
+    assert x.is_shared() and x.stride() == want_x.stride() and torch.equal(x, want_x) and torch.equal(y, want_y)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_uint8_batches_finished_here_equal_the_patched_float_path_on_a_resizing_pipeline(image_folder,
+                                                                                          monkeypatch):
+    """Persistent workers started for a device that finishes the tail keep sending uint8 batches; an iteration that
+    does not defer (a plain loop over the same loader) gets them finished here: the float batches, straight into
+    channels-last."""
+    from torchvision import transforms as T
+    from torchvision.datasets import ImageFolder
+
+    from nano_patch.data.uint8_batches import Uint8Batches
+    from nano_patch.train import device_tail as trainer_tail
+
+    tf = T.Compose([T.RandomResizedCrop(96), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
+    ds = ImageFolder(str(image_folder), transform=tf)
+
+    def second_epoch() -> tuple[Any, list[Any]]:
+        torch.manual_seed(0)
+        loader = DataLoader(ds, batch_size=4, num_workers=1, persistent_workers=True)
+        with monkeypatch.context() as m:
+            m.setattr(trainer_tail, "why_not", lambda loader: None)  # the first iteration defers (a device's)
+            next(iter(loader))
+        it = iter(loader)
+        return it, list(it)
+
+    nano_patch.patch_torch(uint8_batches=False, virtual_workers=False)
+    _, floats = second_epoch()
     nano_patch.unpatch_torch()
-    nano_patch.patch_torch(channels_last=True)
-    _, u8 = _batches(DataLoader(ds, batch_size=4, num_workers=1))
+    nano_patch.patch_torch(channels_last=True, virtual_workers=False)
+    it, u8 = second_epoch()
+    assert isinstance(it, Uint8Batches) and it.last_image_bytes * 4 == u8[-1][0].nbytes
+    assert len(floats) == len(u8) == 3
     for (a, _), (b, _) in zip(floats, u8):
         assert b.is_contiguous(memory_format=torch.channels_last)  # straight into channels-last
         assert torch.equal(a, b)

@@ -25,8 +25,8 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 import nano_patch
-from nano_patch.data import loader_pool
-from nano_patch.vision import batch_loader, compose_plan
+from nano_patch.data import batch_loader, loader_pool
+from nano_patch.vision import compose_plan
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Batch-parallel loading (``vision/batch_loader.py``): a num_workers=0 DataLoader's batches and every generator's state
+"""Batch-parallel loading (``data/batch_loader.py``): a num_workers=0 DataLoader's batches and every generator's state
 equal stock's, bit for bit, while the samples of each batch render on the loader's threads.
 
 Each case runs stock first (unpatched), then patched, from the same seeds, over three epochs of a shuffled

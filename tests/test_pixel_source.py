@@ -199,7 +199,8 @@ def _same(a: list, b: list) -> bool:
 def test_without_the_cache_a_seen_jpeg_is_not_read_in_the_draw(tmp_path, photos, monkeypatch):
     """Epoch 1 reads each file in the draw and indexes it; epoch 2 takes its size from the index (the render reads
     it): the batches are stock's in both."""
-    from nano_patch.vision import batch_loader, decode, native, oprunner
+    from nano_patch.data import batch_loader
+    from nano_patch.vision import decode, native, oprunner
 
     root = _folder(tmp_path / "f", photos, "jpg")
     stock = _stock_epochs(root, 2)

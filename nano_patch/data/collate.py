@@ -54,8 +54,8 @@ def batch_of(batch: list[Any]) -> Any:
     if info is None:
         return None
     base = info[0]
-    if len(batch) != base.shape[0] or torch.utils.data.get_worker_info() is not None:
-        return None  # (a worker process: stock collates into shared memory)
+    if len(batch) != base.shape[0] or (torch.utils.data.get_worker_info() is not None and not base.is_shared()):
+        return None  # (a worker process: stock collates into shared memory; a batch tensor made there is in it)
     step = base.stride(0) * base.element_size()
     start = base.data_ptr()
     shape, strides, dtype = base.shape[1:], base.stride()[1:], base.dtype
@@ -96,7 +96,7 @@ def collate_pairs(data: Any, handed: tuple[Any, tuple[Any, ...]] | None = None) 
     if getattr(images[0], _MARK, None) is None:
         return None
     if handed is not None and len(images) == len(handed[1]) and all(map(operator.is_, images, handed[1])) \
-            and torch.utils.data.get_worker_info() is None:
+            and (torch.utils.data.get_worker_info() is None or handed[0].is_shared()):
         base = handed[0]
     else:
         base = batch_of(images)

@@ -1,6 +1,6 @@
 """The loader's threads: one pool per process that loads the samples of a batch (``--loader-threads``).
 
-Used only while a batch is being fetched, by ``vision/batch_loader.py``: a ``num_workers=0`` DataLoader of a
+Used only while a batch is being fetched, by ``data/batch_loader.py``: a ``num_workers=0`` DataLoader of a
 patched dataset renders its samples here. Inside DataLoader worker processes it is one thread (each
 worker is already one of many processes). Sized to the cores this process may use: its affinity mask,
 and the cgroup's CPU quota where one is set (a container given 2 CPUs of a 64-core host gets 2 threads).
@@ -38,27 +38,26 @@ _pool_pid = 0
 class AutoThreads:
     """``--loader-threads auto``: the thread count, chosen from the throughput the process measures.
 
-    The counts are 1, 2, 4, ... up to the usable cores, and the usable cores themselves (the ladder). Throughput
-    is measured in windows: after each change of count one batch is not counted (it pays one-time costs: the
-    pool's threads, the first batch-path setup), then a window lasts at least ``WINDOW_BATCHES`` batches and
-    ``WINDOW_SECONDS`` of loading, and its rate is its samples over the seconds its batches took to load (draws
-    and renders: what the thread count changes).
+    The counts are 1, 2, 4, ... up to the usable cores, and the usable cores themselves (the ladder). The first
+    batch loads on every usable core: the batch path's serial part is small (its draws, a few microseconds a
+    sample), so the threads scale to the cores, and a job whose epochs are shorter than any measurement gets them
+    from its first batch.
 
-    Two counts are compared in three windows interleaved in time, one count's either side of the other's, and
-    the mean of the two outer windows is set against the middle one: a throughput that drifts steadily meanwhile
-    (the cold first epoch: files read for the first time, the decoded-image cache filling, the allocator warming
-    up) moves both sides alike and cancels out. More threads pay when they are more than ``MARGIN`` faster.
+    Throughput is measured in windows: after each change of count one batch is not counted (it pays one-time
+    costs: the pool's threads, the first batch-path setup), then a window lasts at least ``WINDOW_BATCHES``
+    batches and ``WINDOW_SECONDS`` of loading, and its rate is its samples over the seconds its batches took to
+    load (draws and renders: what the thread count changes). Two counts are compared in three windows interleaved
+    in time, one count's either side of the other's, and the mean of the two outer windows is set against the
+    middle one: a throughput that drifts steadily meanwhile (the cold first epoch: files read for the first time,
+    the decoded-image cache filling) moves both sides alike and cancels out.
 
-    The climb starts with 2 threads / 1 / 2 (the outer windows on the count more threads would make faster, so
-    the climb spends less time on the slow one), and goes on, next count / kept count / next count, while the
-    next count up pays; the first that does not ends it, on the count kept. So a count is kept only where it was
-    measured faster than the count below it, against it, and none is slower than 1 thread.
-
-    After ``RECHECK_BATCHES`` batches on the kept count it is compared again with the counts one step up and one
-    step down, in windows kept / up / kept / down / kept, each set against the kept windows either side (a warm
-    cache, or another load on the machine, moves the best count): the count below is taken where it is at least
-    as fast as the kept one (fewer threads that lose nothing), one step; else, where the count above pays, the
-    climb goes on from it as from the start (a cold phase that outlasted the first climb ends there).
+    ``RECHECK_BATCHES`` batches on, the kept count is compared with the counts one step down and, below the top, one
+    step up, in windows kept / up / kept / down / kept, each set against the kept windows either side (a pipeline
+    whose serial part is large, another load on the machine, moves the best count): where the count below measured
+    faster, it is kept and compared with the next one down (next / kept / next), as far as fewer threads keep
+    measuring faster; else, where the count above pays (more than ``MARGIN`` faster), the same upwards. A check
+    that keeps the count doubles the batches to the next one (up to ``MAX_RECHECK_BATCHES``): a count that holds is
+    asked less and less often, so its windows on the other counts cost ever less throughput.
 
     ``record`` runs once per batch, under the lock, in constant time; ``current`` reads one attribute.
     """
@@ -69,6 +68,9 @@ class AutoThreads:
     # a recheck spends a window on each count either side: 1% of the throughput where they are 10% slower, 2.3%
     # where the count below is 1.6x slower (2 cores)
     RECHECK_BATCHES = 200
+    #: a recheck that keeps the count doubles the batches to the next one, up to this many (its windows on the other
+    #: counts cost throughput: the longer a count holds, the less often it is asked again)
+    MAX_RECHECK_BATCHES = 3200
 
     def __init__(self, cores: int) -> None:
         ladder, n = [], 1
@@ -80,16 +82,17 @@ class AutoThreads:
         self.kept = 0  # index into the ladder of the count kept
         self.climbing = False  # a comparison is under way: the climb, or a recheck
         self.rechecks = 0
-        self._in_use = 1  # the count the next batch loads on (one attribute: read without the lock)
+        self._in_use = self.ladder[-1]  # the count the next batch loads on (one attribute: read without the lock)
         self._plan: tuple[int, ...] = ()  # the ladder indices of the comparison's windows, in order
         self._window_rates: list[float] = []  # the rates of its windows so far
         self._rechecking = False
         self._samples, self._seconds, self._batches = 0, 0.0, 0
-        self._skip = 1  # the next batch is not counted (the first on a count)
+        self._skip = 0  # batches not to count (the first on a new count)
         self._since_check = 0
+        self._interval = self.RECHECK_BATCHES
+        self._step = 1  # the way the comparison under way moves: +1 up the ladder, -1 down
         self._lock = threading.Lock()
-        if len(self.ladder) > 1:
-            self._compare((1, 0, 1))
+        self.kept = len(self.ladder) - 1
 
     def current(self) -> int:
         """The count the next batch loads on."""
@@ -102,7 +105,7 @@ class AutoThreads:
                 return  # loaded before the last change of count: not this window's
             if not self.climbing:
                 self._since_check += 1
-                if self._since_check >= self.RECHECK_BATCHES and len(self.ladder) > 1:
+                if self._since_check >= self._interval and len(self.ladder) > 1:
                     self._recheck()
                 return
             if self._skip:
@@ -133,9 +136,11 @@ class AutoThreads:
         self._plan, self._window_rates, self._rechecking, self.climbing = plan, [], rechecking, True
         self._use(plan[0])
 
-    def _keep(self, step: int) -> None:
-        """End the comparison on the ladder's count at ``step``; the next recheck is ``RECHECK_BATCHES`` on."""
+    def _keep(self, step: int, held: bool = False) -> None:
+        """End the comparison on the ladder's count at ``step``; ``held``: a recheck kept the count it had (the next
+        comes twice as many batches on), else the next is ``RECHECK_BATCHES`` on."""
         self.kept, self._plan, self._window_rates, self.climbing, self._since_check = step, (), [], False, 0
+        self._interval = min(2 * self._interval, self.MAX_RECHECK_BATCHES) if held else self.RECHECK_BATCHES
         self._use(step)
 
     def _gain(self, i: int) -> float:
@@ -143,15 +148,23 @@ class AutoThreads:
         w = self._window_rates
         return w[i] / ((w[i - 1] + w[i + 1]) / 2)
 
-    def _end_climb_step(self) -> None:
-        k, w = self.kept, self._window_rates
-        if (w[0] + w[2]) / 2 <= w[1] * (1 + self.MARGIN):
-            self._keep(k)  # the next count up did not pay: the climb ends here
-        elif k + 2 < len(self.ladder):
-            self.kept = k + 1
-            self._compare((k + 2, k + 1, k + 2))
+    def _move(self, step: int) -> None:
+        """Keep the count one step ``step`` (+1 up, -1 down) from the kept one, which measured faster, and compare
+        it with the next one that way (next / kept / next), as far as the ladder goes."""
+        k = self.kept + step
+        if 0 <= k + step < len(self.ladder):
+            self.kept, self._step = k, step
+            self._compare((k + step, k, k + step))
         else:
-            self._keep(k + 1)  # every core, every step to them having paid
+            self._keep(k)
+
+    def _end_climb_step(self) -> None:
+        w = self._window_rates
+        # up pays beyond the margin; down where it measured faster (fewer threads that lose nothing)
+        if (w[0] + w[2]) / 2 > w[1] * ((1 + self.MARGIN) if self._step > 0 else 1.0):
+            self._move(self._step)
+        else:
+            self._keep(self.kept)  # the next count that way did not pay: the move ends here
 
     def _recheck(self) -> None:
         k, top = self.kept, len(self.ladder) - 1
@@ -162,18 +175,12 @@ class AutoThreads:
         k, plan = self.kept, self._plan
         window_of = {plan[i]: i for i in range(1, len(plan), 2)}  # the ladder index of a count -> its window
         up, down = window_of.get(k + 1), window_of.get(k - 1)
-        if down is not None and self._gain(down) >= 1:
-            self._keep(k - 1)  # fewer threads lose nothing
+        if down is not None and self._gain(down) > 1:
+            self._move(-1)  # fewer threads measured faster: down from there, as far as they keep being faster
         elif up is not None and self._gain(up) > 1 + self.MARGIN:
-            # more threads pay now (a cold phase that outlasted the first climb): climb on from there, as far as
-            # they keep paying, rather than one step per recheck
-            if k + 2 < len(self.ladder):
-                self.kept = k + 1
-                self._compare((k + 2, k + 1, k + 2))
-            else:
-                self._keep(k + 1)
+            self._move(+1)  # more threads pay now (another load on the machine ended): up, as far as they pay
         else:
-            self._keep(k)
+            self._keep(k, held=True)
 
     def describe(self) -> dict[str, Any]:
         with self._lock:  # rates may be written meanwhile (a free-threaded Python has no GIL to order it)
@@ -264,6 +271,11 @@ def in_worker_process() -> bool:
 
     data = sys.modules.get("torch.utils.data")
     return data is not None and data.get_worker_info() is not None
+
+
+def batch_path_on() -> bool:
+    """Whether the patched datasets' batches may load whole (draws, then renders), not one by one as stock."""
+    return _setting != "off"
 
 
 def threads() -> int:

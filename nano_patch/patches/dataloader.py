@@ -58,6 +58,7 @@ class DataLoaderPatch(Patch):
         from torch.utils.data._utils import fetch as torch_fetch
 
         from ..data import collate, fetch, loader_pool, uint8_batches
+        from ..vision import native
 
         loader_pool.configure(options.loader_threads)
         collate.install()  # a batch the loader's threads rendered into one tensor is collated as that tensor
@@ -77,38 +78,69 @@ class DataLoaderPatch(Patch):
             return result
 
         def iter_(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            from ..data import workers
             from ..train import device_tail
 
             spec = getattr(instance, "_nano_uint8", None)
-            if instance.num_workers > 0:
-                # Workers read ``worker_init_fn`` as the iterator starts them: the caps go around the user's
-                # function for exactly that moment, and the attribute reads as the user left it afterwards.
-                with _start_lock:
-                    user_fn = instance.worker_init_fn
-                    instance.worker_init_fn = workers.WorkerInit(user_fn, uint8=spec is not None)
-                    try:
-                        iterator = loader_iterator = wrapped(*args, **kwargs)
-                    finally:
-                        instance.worker_init_fn = user_fn
-            else:
-                iterator = loader_iterator = wrapped(*args, **kwargs)
             tail = getattr(instance, "_nano_tail", None)
             defer, _ = device_tail.decide(instance, tail, instance.num_workers > 0)
-            if defer and spec is None:  # num_workers=0: this thread's draws stop before the tail
-                spec, here = tail, uint8_batches.uint8_transform(instance.dataset)[0]
-                if spec.erasers:
-                    uint8_batches.register_collate()  # the samples are ErasedImage: the erasers' draws ride along
+            here = None
+            if instance.num_workers > 0:
+                iterator = loader_iterator = _worker_iterator(wrapped, instance, args, kwargs,
+                                                              spec if defer else None)
+                # the workers' batches are uint8 where they were started so: finished on the device where this
+                # iteration defers the tail, else here
+                spec = spec if getattr(instance, "_nano_workers_uint8", False) else None
             else:
-                here = None
+                iterator = loader_iterator = wrapped(*args, **kwargs)
+                if defer:  # num_workers=0: this thread's draws stop before the tail
+                    spec, here = tail, uint8_batches.uint8_transform(instance.dataset)[0]
+                    if spec.erasers:
+                        uint8_batches.register_collate()  # the samples are ErasedImage: the erasers' draws ride along
             if spec is not None:
                 iterator = uint8_batches.Uint8Batches(iterator, spec, defer=defer, here=here)
             if report.stats is not None:
                 if instance.num_workers > 0:  # without workers nothing crosses processes: no path to count
                     why = getattr(instance, "_nano_uint8_why", "")
+                    if spec is None and getattr(instance, "_nano_uint8", None) is not None:
+                        why = "no device finishes the tail: the workers finish it (float batches)"
                     report.stats.count("dataloader", spec is not None, why)
                 iterator = report.TimedBatches(iterator, instance.num_workers, loader_iterator)
             return iterator
+
+        def _worker_iterator(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                             uint8: uint8_batches.TailSpec | None) -> Any:
+            """The iterator of a loader with workers: virtual workers where no user code runs in a worker, else
+            stock's worker processes (the same for a persistent loader's later epochs). ``uint8``: the tail the
+            device finishes, where this iteration defers it (the workers then hand back uint8 images)."""
+            from ..data import virtual_workers, workers
+
+            current = instance._iterator if instance.persistent_workers else None
+            if current is not None:  # stock's __iter__ resets the persistent workers: processes or streams
+                if isinstance(current, virtual_workers.iterator_class()):  # (streams switch as they go)
+                    current.uint8 = instance._nano_workers_uint8 = uint8 is not None
+                return wrapped(*args, **kwargs)
+            n = instance.num_workers
+            why = (virtual_workers.why_not(instance, options.loader_threads) if options.virtual_workers
+                   else "virtual_workers is off")
+            report.count("dataloader", why is None, f"num_workers={n} as virtual workers in this process"
+                         if why is None else f"num_workers={n} in worker processes: {why}")
+            instance._nano_workers_uint8 = uint8 is not None
+            if why is None:
+                iterator = virtual_workers.start(instance, options.loader_threads, uint8 is not None)
+                if instance.persistent_workers:
+                    instance._iterator = iterator
+                return iterator
+            if fetch.patched_dataset(instance.dataset):
+                native.check_all()  # (once here: every worker inherits the verdicts instead of checking again)
+            # Workers read ``worker_init_fn`` as the iterator starts them: the caps go around the user's function
+            # for exactly that moment, and the attribute reads as the user left it afterwards.
+            with _start_lock:
+                user_fn = instance.worker_init_fn
+                instance.worker_init_fn = workers.WorkerInit(user_fn, uint8=uint8 is not None)
+                try:
+                    return wrapped(*args, **kwargs)
+                finally:
+                    instance.worker_init_fn = user_fn
 
         def _uint8_spec(loader: Any, opts: Options) -> tuple[uint8_batches.TailSpec | None, str]:
             if not opts.uint8_batches:

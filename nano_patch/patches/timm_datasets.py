@@ -83,12 +83,11 @@ def _why_timm_code(instance: Any, reader_cls: type, stock_getitem: Any) -> str |
 
 
 def _getitems(dataset_cls: type, reader_cls: type, reader_methods: dict[str, Any]) -> Callable[..., Any]:
-    """The batch loader (``data/fetch.py``): a batch on the loader's threads (``vision/batch_loader.py``), with timm's
+    """The batch loader (``data/fetch.py``): a batch on the loader's threads (``data/batch_loader.py``), with timm's
     targets (-1 for none, else its ``target_transform``). A file that fails to load is loaded one by one through
     ``__getitem__`` at its place, which skips it as timm does."""
-    from ..data import loader_pool
+    from ..data import batch_loader, loader_pool
     from ..data.uint8_batches import inherits_getitem
-    from ..vision import batch_loader
 
     stock_getitem = reader_methods["__getitem__"]
 

@@ -89,10 +89,9 @@ def _batch_adapter(cls: type, why_not: Callable[[Any], str | None],
                    transforms_of: Callable[[Any], tuple[Any, Any]] | None = None) -> Callable[..., Any]:
     """The batch loader of ``cls`` (``data/fetch.py``): the patched fetch hands it a batch's indices where stock's
     loop would call ``cls.__getitem__`` for each. The batch loads on the loader's threads where it can
-    (``vision/batch_loader.py``); None, having run nothing, where stock's loop must load it."""
-    from ..data import loader_pool
+    (``data/batch_loader.py``); None, having run nothing, where stock's loop must load it."""
+    from ..data import batch_loader, loader_pool
     from ..data.uint8_batches import inherits_getitem
-    from ..vision import batch_loader
 
     def transforms(dataset: Any) -> tuple[Any, Any]:
         return dataset.transform, dataset.target_transform
@@ -104,8 +103,8 @@ def _batch_adapter(cls: type, why_not: Callable[[Any], str | None],
 
     def load(self: Any, indices: list[int], n_threads: int) -> list[Any]:
         why = None
-        if n_threads <= 1:
-            return None  # one loader thread: stock's loop
+        if n_threads <= 1 and not (loader_pool.in_worker_process() and loader_pool.batch_path_on()):
+            return None  # one loader thread: stock's loop (a worker process takes its batches whole)
         why = f"{type(self).__name__} overrides __getitem__" if not inherits_getitem(type(self), cls) else why_not(self)
         if why is None:
             try:

@@ -301,7 +301,6 @@ def _same_dense(shape: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...]) 
 def batch_tensor(jobs: list[NativeRun]) -> Any:
     """Where every sample's tail is the same tensor: one batch tensor in ``default_collate``'s layout, each job's
     slot set to its sample's place in it (``data/collate.py`` recognises the slots). Else None (nothing set)."""
-    import torch
 
     from ..data import collate
 
@@ -315,7 +314,7 @@ def batch_tensor(jobs: list[NativeRun]) -> Any:
     layout = _batch_layout(len(jobs), shape, strides, dtype)
     if layout is None:
         return None
-    base = torch.empty_strided(layout[0], layout[1], dtype=dtype)
+    base = _batch_memory(layout[0], layout[1], dtype)
     # stack's layout is dense: its memory, in order, is one flat array, each slot a block of it (the tails write
     # there: run_batch's dst, _output's view); the first slot's array checks that, for all (they share a layout),
     # once per layout
@@ -335,6 +334,18 @@ def batch_tensor(jobs: list[NativeRun]) -> Any:
     for k, (job, slot) in enumerate(zip(jobs, slots)):
         job.slot_tensor, job.flat, job.offset, job.batch = mark(slot, base, k), flat, k * step, base
     return base
+
+
+def _batch_memory(shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any) -> Any:
+    """An uninitialised batch tensor of this layout; in a DataLoader worker process, in shared memory, as stock's
+    ``default_collate`` allocates a worker's batch (it crosses to the main process without a copy)."""
+    import torch
+
+    if torch.utils.data.get_worker_info() is None:
+        return torch.empty_strided(shape, strides, dtype=dtype)
+    numel = 1 + sum((n - 1) * st for n, st in zip(shape, strides)) if all(shape) else 0
+    storage = torch.UntypedStorage._new_shared(numel * dtype.itemsize)
+    return torch.empty(0, dtype=dtype).set_(storage, 0, shape, strides)
 
 
 class NativeBatch:

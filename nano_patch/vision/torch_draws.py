@@ -81,6 +81,22 @@ class TorchDraws:
         self._st = np.empty(STATE_WORDS, np.uint32)
         self.from_torch()
 
+    @classmethod
+    def from_state(cls, n: Any, state: Any) -> TorchDraws:
+        """Draws from a generator state of torch's CPU generator (``Generator.get_state()``), not torch's own: a
+        private stream (a virtual DataLoader worker's) that no generator of torch's ever sees."""
+        draws = cls.__new__(cls)
+        draws._n = n
+        draws.fused = _fused
+        draws._st = np.empty(STATE_WORDS, np.uint32)
+        draws.load(state)
+        return draws
+
+    def load(self, state: Any) -> None:
+        """Take ``state`` (a torch CPU generator's state tensor) as this copy's state."""
+        self._template = state.clone()
+        self._n.draws_load(self._template.numpy(), self._st)
+
     @property
     def kernel(self) -> Any:
         """The checked extension module whose functions make the draws (``draws_*``)."""
@@ -230,54 +246,106 @@ def _check_exp() -> str:
     return ""
 
 
+class _PrivateTorch:
+    """``torch`` as torchvision's ``get_params`` code sees it in :func:`_check_composites`: every draw it makes comes
+    from a private generator (the global one is never read or moved: another thread may be drawing from it). A
+    drawing function this does not route raises :class:`_Unrouted` (the check then fails, and torch draws)."""
+
+    _ROUTED = ("rand", "randint", "randperm")
+    _DRAWING = ("randn", "normal", "bernoulli", "multinomial", "poisson", "rand_like", "randint_like", "randn_like",
+                "random", "seed", "manual_seed", "get_rng_state", "set_rng_state", "default_generator")
+
+    def __init__(self, generator: Any) -> None:
+        import torch
+
+        self._torch, self._g = torch, generator
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._ROUTED:
+            return lambda *args, **kwargs: getattr(self._torch, name)(*args, generator=self._g, **kwargs)
+        if name in self._DRAWING:
+            raise _Unrouted(name)
+        return getattr(self._torch, name)
+
+    def empty(self, *args: Any, **kwargs: Any) -> _PrivateEmpty:
+        return _PrivateEmpty(self._torch.empty(*args, **kwargs), self._g)
+
+
+class _PrivateEmpty:
+    """``torch.empty(...)`` for ``.uniform_(a, b)`` drawn from the private generator; any other use raises."""
+
+    def __init__(self, t: Any, g: Any) -> None:
+        self._t, self._g = t, g
+
+    def uniform_(self, a: float = 0.0, b: float = 1.0) -> Any:
+        return self._t.uniform_(a, b, generator=self._g)
+
+    def __getattr__(self, name: str) -> Any:
+        raise _Unrouted(f"empty().{name}")
+
+
+class _Unrouted(Exception):
+    """torchvision's code made a draw :class:`_PrivateTorch` does not route."""
+
+
+def _private(fn: Any, shim: _PrivateTorch) -> Any:
+    """``fn`` (a torchvision function) running with ``torch`` replaced by ``shim`` in its globals."""
+    import types
+
+    return types.FunctionType(fn.__code__, {**fn.__globals__, "torch": shim}, fn.__name__, fn.__defaults__,
+                              fn.__closure__)
+
+
 def _check_composites(n: Any, fused: bool) -> str:
-    """Stock's ``get_params`` on the global generator (its state saved and put back) against the native ones, each
-    from the same state; and the states after them."""
+    """Stock's ``get_params`` (torchvision's own code, its draws routed to a private generator) against the native
+    ones, each from the same state; and the states after them."""
     import torch
     from torchvision import transforms as T
 
-    saved = torch.get_rng_state()
+    g = torch.Generator().manual_seed(31337)
+    shim = _PrivateTorch(g)
+    resized_crop = _private(T.RandomResizedCrop.get_params, shim)
+    crop = _private(T.RandomCrop.get_params, shim)
+    jitter_params = _private(T.ColorJitter.get_params, shim)
+    draws = TorchDraws.from_state(n, g.get_state())
+    draws.fused = fused
+    jitter = T.ColorJitter(0.4, 0.4, 0.4, 0.1)
+    sizes = [(375, 500), (500, 333), (64, 64), (1200, 90), (31, 415)]
     try:
-        torch.manual_seed(31337)
-        draws = TorchDraws(fused, n)
-        jitter = T.ColorJitter(0.4, 0.4, 0.4, 0.1)
-        sizes = [(375, 500), (500, 333), (64, 64), (1200, 90), (31, 415)]
         for k in range(150):  # (each about 14 words: the twister's 624 three times)
             h, w = sizes[k % len(sizes)]
             img = torch.empty(1, h, w)  # get_params reads only the size
             scale, ratio = ((0.08, 1.0), (3 / 4, 4 / 3)) if k % 3 else ((0.5, 0.9), (0.2, 5.0))
-            mine = draws.resized_crop((h, w), scale, ratio)  # torch's generator is where the copy started
-            if mine is None:  # the state as it was: torch draws this one
-                with draws.lent():
-                    T.RandomResizedCrop.get_params(img, list(scale), list(ratio))
+            mine = draws.resized_crop((h, w), scale, ratio)
+            if mine is None:  # the copy as it was: the private generator draws this one for both
+                resized_crop(img, list(scale), list(ratio))
+                draws.load(g.get_state())
             else:
-                stock = T.RandomResizedCrop.get_params(img, list(scale), list(ratio))
-                if tuple(stock) != tuple(mine) or not _same_state(draws):
+                stock = resized_crop(img, list(scale), list(ratio))
+                if tuple(stock) != tuple(mine) or not _same_state(draws, g):
                     return f"RandomResizedCrop's draws differ from stock's ({tuple(stock)} against {tuple(mine)})"
             mine_j = draws.jitter(jitter)
-            order, *factors = T.ColorJitter.get_params(jitter.brightness, jitter.contrast, jitter.saturation,
-                                                       jitter.hue)
+            order, *factors = jitter_params(jitter.brightness, jitter.contrast, jitter.saturation, jitter.hue)
             if mine_j is None or tuple(order.tolist()) != mine_j[0] or tuple(factors) != tuple(mine_j[1:]):
                 return "ColorJitter's draws differ from stock's"
-            if not _same_state(draws):
+            if not _same_state(draws, g):
                 return "ColorJitter's draws leave torch's generator elsewhere"
-            crop = (min(h, 24), min(w, 32))
-            mine_c = draws.crop((h, w), crop)
-            stock_c = T.RandomCrop.get_params(img, crop)
-            if mine_c is None or tuple(stock_c) != tuple(mine_c) or not _same_state(draws):
+            size = (min(h, 24), min(w, 32))
+            mine_c = draws.crop((h, w), size)
+            stock_c = crop(img, size)
+            if mine_c is None or tuple(stock_c) != tuple(mine_c) or not _same_state(draws, g):
                 return "RandomCrop's draws differ from stock's"
             p = (0.5, 0.1, 0.3)[k % 3]
             mine_b = draws.below(p)
-            if bool(torch.rand(1) < p) != mine_b or not _same_state(draws):
+            if bool(torch.rand(1, generator=g) < p) != mine_b or not _same_state(draws, g):
                 return "torch.rand(1) < p differs from the native draw"
-    finally:
-        torch.set_rng_state(saved)
+    except _Unrouted as exc:
+        return f"torchvision's get_params draws in a way this check does not follow ({exc})"
     return ""
 
 
-def _same_state(draws: TorchDraws) -> bool:
-    """torch's generator, after stock's draws, is where the native draws brought their copy."""
+def _same_state(draws: TorchDraws, g: Any) -> bool:
+    """The generator ``g``, after stock's draws, is where the native draws brought their copy."""
     import torch
 
-    now = torch.get_rng_state()
-    return torch.equal(now, draws.torch_state())
+    return torch.equal(g.get_state(), draws.torch_state())

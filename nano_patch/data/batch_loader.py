@@ -38,8 +38,20 @@ from typing import Any
 import numpy as np
 
 from .. import report
-from . import cache, compose_call, compose_plan, decode, draw_program, file_index, native, oprunner, source, torch_draws
-from .image import FastImage, plain
+from ..vision import (
+    cache,
+    compose_call,
+    compose_plan,
+    decode,
+    draw_program,
+    file_index,
+    native,
+    oprunner,
+    source,
+    torch_draws,
+)
+from ..vision.image import FastImage, plain
+from . import collate, loader_pool, torch_state
 
 #: A sample's pixels, as the draw found them: one of these kinds, with what the render needs.
 ARRAY, JPEG_WINDOW, DECODE = "array", "jpeg window", "decode"
@@ -184,8 +196,8 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
               n_threads: int, one: Callable[[int], Any], out: list[Any]) -> int:
     """Load samples from ``k0`` into ``out``: draw as many as can be drawn ahead, render them, then take them in
     order; return the index to go on from."""
-    from ..data import collate, device_tail, loader_pool, torch_state
-    from . import loading
+    from ..vision import loading
+    from . import device_tail
 
     stats = report.stats
     store = cache.store_for(dataset)
@@ -257,6 +269,15 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
                     report.count("dataloader", False, f"batch loaded one by one: {exc}")
                 else:
                     report.count("dataloader", False, f"sample loaded one by one: {exc}")
+                stop = _Stop(k, job=job)
+                break
+            except Exception:  # noqa: BLE001 - a draw stock raises at (a crop larger than the image): the samples
+                # before it are taken first, as stock's loop takes them, then stock's code raises it at its sample
+                if states is not None:
+                    _restore(states)
+                else:
+                    draws = None
+                    rewind(len(jobs))
                 stop = _Stop(k, job=job)
                 break
             jobs.append(job)
@@ -397,15 +418,22 @@ def _draw_again(job: Job, transform: Any) -> None:
         compose_call.run_compose(transform, compose_plan.Recording(hw))
 
 
+def _quiet_size_rule(height: int, width: int) -> None:
+    """A size PIL's rule would act on (warn or raise): not for a virtual worker, which must never warn here."""
+    raise _OneByOne("an image above PIL's size limit")
+
+
 def _source(path: Any, store: cache.Store | None, crop_window: bool, index: file_index.FileIndex | None = None,
-            headers: file_index.HeaderIndex | None = None) -> Job:
+            headers: file_index.HeaderIndex | None = None, quiet: bool = False) -> Job:
     """Where the sample's pixels come from (``source.look_up``: a cache hit, a miss to decode and store, or no
     cache), and, for a JPEG to decode, its size from the header, after PIL's open checks. ``headers``: where the
     image is not cached, the dataset's index of plain JPEGs' sizes (the file is then read on the render's thread).
+    ``quiet``: anything that would give a warning or need PIL here (a size PIL's rule acts on, a JPEG with EXIF or
+    MPF data, another kind of file, a truncated one) raises :class:`_OneByOne` instead, having warned nothing.
     """
     material = None  # a miss to store, or None
     if store is not None:
-        found = source.look_up(store, path, index=index, size_rule=_guarded_size_rule)
+        found = source.look_up(store, path, index=index, size_rule=_quiet_size_rule if quiet else _guarded_size_rule)
         if found.kind == source.HIT:  # stock's size rule applied, as its open of the file
             return Job(ARRAY, path, None, array=found.array)
         material = found.material
@@ -413,11 +441,16 @@ def _source(path: Any, store: cache.Store | None, crop_window: bool, index: file
         indexed = headers.size_of(path)
         if indexed is not None:  # a plain, whole JPEG, unchanged: its open checks come down to the size rule
             if not decode.below_size_limit(*indexed):
+                if quiet:
+                    raise _OneByOne("an image above PIL's size limit")
                 _guard(decode.check_size, *indexed)
             return Job(JPEG_WINDOW if crop_window else DECODE, path, None, size=indexed)
     identity = file_index.identity_of(path) if material is None and headers is not None else None
     data = decode.read_bytes(path)
     size = decode.jpeg_size(data)
+    if quiet and (size is None or decode.looks_truncated(data) or not decode.plain_open(data)
+                  or not decode.below_size_limit(*size)):
+        raise _OneByOne("a file PIL must open or decode")
     # PIL's guards on the header, in this thread, in stock's order (before this sample's draws)
     if size is not None and decode.looks_truncated(data):
         # stock raises for it (or, with LOAD_TRUNCATED_IMAGES, decodes PIL's fill) before its draws: stock's own
@@ -477,8 +510,6 @@ def _erasing(jobs: list[Job]) -> bool:
 
 def _run_batch(batch: oprunner.NativeBatch, calls: int, n: int) -> float:
     """``batch``'s native calls on ``calls`` threads; the render's seconds per sample (wall time shared out)."""
-    from ..data import loader_pool
-
     start = time.perf_counter()
     # never the user's error: a sample a failed call did not render takes the Python path (_batch_outcomes)
     with contextlib.suppress(Exception):
@@ -560,3 +591,96 @@ def _render(job: Job, read: bytes | None = None, native_file: bool = True) -> Re
     sample = plain(compose_plan.render(job.recording, px))
     return Rendered(sample, decoded, reproducible, decode_s, time.perf_counter() - start)
 
+
+
+def why_not_drawn_apart(dataset: Any) -> str | None:
+    """Why the batches of ``dataset`` (an ``ImageFolder``'s kin) cannot be drawn from a private generator, with no
+    code of the user's run and nothing but the draw program's draws (None: they can, :func:`load_drawn`)."""
+    from torchvision.datasets import folder
+
+    if dataset.target_transform is not None:
+        return "a target_transform (code of the user's, run in the worker)"
+    if getattr(dataset, "loader", None) not in (folder.default_loader, folder.pil_loader):
+        return "the dataset's own loader"
+    import torchvision
+
+    if torchvision.get_image_backend() != "PIL":
+        return "torchvision's image backend is not PIL"
+    transform = dataset.transform
+    if transform is None:
+        return "no transform (the samples are PIL images)"
+    why = why_not_split(transform)
+    if why is not None:
+        return why
+    if not compose_plan.plan_for(transform).draws_natively or not native.available("torch_draws") or \
+            not torch_draws.defaults_are_stock():
+        return "a step whose draws are not made natively"
+    from ..vision import loading
+
+    if loading.needs_info(transform):
+        return "an image may leave the pipeline"
+    import torch
+
+    for uint8 in (None, transform):
+        probe = torch_draws.TorchDraws.from_state(native.kernel("torch_draws"), torch.Generator().get_state())
+        with compose_call.uint8_here(uint8) if uint8 is not None else contextlib.nullcontext():
+            if draw_program.bind(transform, probe, {}) is None:
+                return "a step the draw program does not make" + (" before the device's tail" if uint8 else "")
+    return None
+
+
+def load_drawn(dataset: Any, owner: Any, entries: list[tuple[Any, Any]], draws: torch_draws.TorchDraws,
+               n_threads: int, uint8: Any = None) -> list[tuple[Any, Any]] | None:
+    """``[(transform(image), target) ...]`` for ``entries`` of ``dataset`` (whose every draw the draw program makes:
+    :func:`why_not_drawn_apart`), drawn from ``draws`` alone (a virtual worker's generator copy; no generator of
+    torch's, Python's or NumPy's is read or moved) and rendered on ``n_threads`` threads; or None where some sample
+    needs stock's own code (nothing was warned, stored or called; ``draws`` has moved and must be put back).
+    ``owner``: the dataset whose tables (header index, cache choice) serve ``dataset``, a snapshot of it.
+    ``uint8``: the Compose to stop before its tail (the device finishes the batch)."""
+    with compose_call.uint8_here(uint8) if uint8 is not None else contextlib.nullcontext():
+        return _load_drawn(dataset, owner, entries, draws, n_threads)
+
+
+def _load_drawn(dataset: Any, owner: Any, entries: list[tuple[Any, Any]], draws: torch_draws.TorchDraws,
+                n_threads: int) -> list[tuple[Any, Any]] | None:
+    transform = dataset.transform
+    store = cache.store_for(owner)
+    index = file_index.for_dataset(owner) if store is not None else None
+    headers = file_index.headers_for(owner)
+    the_plan = compose_plan.plan_for(transform)
+    crop_window = the_plan.crop_first and native.available("crop_decode")
+    program = draw_program.bind(transform, draws, {})
+    if program is None:
+        return None
+    jobs: list[Job] = []
+    for path, _ in entries:
+        try:
+            job = _source(path, store, crop_window, index, headers, quiet=True)
+        except Exception:  # noqa: BLE001 - stock's code decides what this file gives (a stand-in runs it)
+            return None
+        run = program.draw(job.array.shape[:2] if job.array is not None else job.size)  # type: ignore[arg-type]
+        if run is None:
+            return None
+        job.native = run
+        jobs.append(job)
+    if not jobs:
+        return None
+    for job, run in zip(jobs, oprunner.prepare_batch([j.native for j in jobs])):
+        job.native = run
+    targets = [entry[1] for entry in entries]
+    batch = _native_batch(jobs)
+    if batch is not None:
+        _run_batch(batch, min(n_threads, len(jobs)), len(jobs))
+        if b"\0" in batch.done():
+            return None
+        slots = tuple([job.native.slot_tensor for job in jobs])  # type: ignore[union-attr]
+        collate.hand_over(jobs[0].native.batch, slots)  # type: ignore[union-attr]
+        return list(zip(slots, targets))
+    outcomes = loader_pool.map_outcomes(_render, jobs, n_threads, torch_state.capture())
+    if not all(ok for ok, _ in outcomes):
+        return None
+    if store is not None:
+        for job, (_, r) in zip(jobs, outcomes):
+            if job.material is not None and r.decoded is not None:
+                source.record_miss(store, job.material, r.decoded, r.decode_s, r.reproducible)
+    return [(r.sample, target) for (_, r), target in zip(outcomes, targets)]
