@@ -17,6 +17,10 @@ folder of at least 1 GB decoded, 2 workers, stock against the warm cache: each w
 memory (``RssAnon``: what must not grow with the dataset) apart from its file-backed pages
 (``RssFile``: the store's pages, which live in the shared, reclaimable page cache).
 
+``--cold-first-epoch``: what ``--fast``'s cache costs a user's first epoch: ``num_workers=0`` on the loader threads
+(``--threads``, default ``auto``), batch 16, the first epoch with an empty store against the same first epoch with
+the cache off, each in a fresh process, interleaved rounds (``cache-cold-first-epoch.json``).
+
 ``--open-check GB [GB ...]``: what the check before a run's first read costs (``cache.check_store``:
 a child process that verifies the store offline and walks every key through LMDB), on stores filled
 with pet-photo-sized entries (500 x 375 x 3) one commit each, as a first epoch fills them: with the
@@ -26,6 +30,7 @@ on the data file only). The stores are real files: a 20 GB one needs 20 GB of fr
 Results: ``benchmarks/results/cache[-STEM].json`` and ``.png``.
 
     python benchmarks/cache.py --rounds 3 [--workers 0|2] [--memory]
+    python benchmarks/cache.py --cold-first-epoch [--threads auto|N] [--per-class 40] [--rounds 3]
     python benchmarks/cache.py --open-check 1 20
 """
 
@@ -120,6 +125,64 @@ def measure(names: list[str], root: str, rounds: int, epochs: int, workers: int,
                                            for rd in per_round],
                   "off / stock": [rd[n]["cache off"] / rd[n]["stock"] for rd in per_round]} for n in names}
     return {"medians": medians, "ratios": ratios, "per_round": per_round}
+
+
+# --- the first epoch with the cache on, on the loader threads -------------------------------------
+
+#: One first epoch in a fresh process: ``num_workers=0``, the loader threads ``cfg["threads"]`` ("auto": the
+#: default), batch ``cfg["batch"]``, the cache ``off`` or ``cold`` (an empty store at ``cfg["cache_dir"]``, which the
+#: epoch fills). One-time start-up (imports, the kernels' checks, the plan) is paid on the val split first.
+COLD_CHILD = r"""
+import json, sys, time
+cfg = json.loads(sys.argv[1])
+import nano_patch
+nano_patch.patch_torch(cache_decoded="on" if cfg["cache"] == "cold" else "off", cache_dir=cfg["cache_dir"],
+                       loader_threads=cfg["threads"])
+import torch
+from pathlib import Path
+import torchvision.transforms as T
+from torchvision.datasets import ImageFolder
+from torch.utils.data import DataLoader
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+tf = {"pets": lambda: [T.RandomResizedCrop(128), T.RandomHorizontalFlip(), T.ColorJitter(0.3, 0.3, 0.3)],
+      "b": lambda: [T.RandomResizedCrop(224), T.RandomHorizontalFlip()],
+      "c": lambda: [T.Resize(256), T.CenterCrop(224)]}[cfg["pipeline"]]
+make = lambda: T.Compose(tf() + [T.ToTensor(), T.Normalize(MEAN, STD)])
+val = Path(cfg["root"]).parent / "val"
+if val.is_dir():
+    for _ in DataLoader(ImageFolder(str(val), transform=make()), batch_size=cfg["batch"]):
+        break
+loader = DataLoader(ImageFolder(cfg["root"], transform=make()), batch_size=cfg["batch"], shuffle=True)
+torch.manual_seed(0)
+n, start = 0, time.perf_counter()
+for _, y in loader:
+    n += len(y)
+print(json.dumps({"images_per_s": n / (time.perf_counter() - start), "images": n}))
+"""
+
+
+def cold_first_epoch(root: str, tmp: Path, rounds: int, threads: int | str, pipelines: list[str]) -> dict:
+    """The first epoch with a fresh store against the same first epoch with the cache off, interleaved rounds."""
+    ratios: dict[str, list[float]] = {p: [] for p in pipelines}
+    rates: dict[str, dict[str, list[float]]] = {p: {"off": [], "cold": []} for p in pipelines}
+    for r in range(rounds):
+        for name in pipelines:
+            got = {}
+            for cache in (("off", "cold") if r % 2 == 0 else ("cold", "off")):
+                d = tmp / f"cold-{name}-{r}-{cache}"
+                shutil.rmtree(d, ignore_errors=True)
+                cfg = {"root": root, "threads": threads, "batch": 16, "pipeline": name, "cache": cache,
+                       "cache_dir": str(d)}
+                env = {k: v for k, v in os.environ.items() if not k.startswith(("NANO_PATCH_", "_NANO_PATCH"))}
+                out = subprocess.run([sys.executable, "-c", COLD_CHILD, json.dumps(cfg)], env=env,
+                                     capture_output=True, text=True, check=True)
+                got[cache] = json.loads(out.stdout.strip().splitlines()[-1])["images_per_s"]
+                rates[name][cache].append(got[cache])
+            ratios[name].append(got["cold"] / got["off"])
+            print(f"round {r}: {name}: off {got['off']:.0f}, cold {got['cold']:.0f} images/s: "
+                  f"{ratios[name][-1]:.2f}x", flush=True)
+    return {"threads": threads, "rates": rates, "cold_over_off": ratios,
+            "median_cold_over_off": {p: statistics.median(v) for p, v in ratios.items()}}
 
 
 # --- memory ---------------------------------------------------------------------------------------
@@ -306,6 +369,9 @@ def main() -> None:
     ap.add_argument("--memory-images", type=int, default=480)
     ap.add_argument("--open-check", nargs="+", type=float, metavar="GB",
                     help="time the check made before a run's first read, on stores of these sizes")
+    ap.add_argument("--cold-first-epoch", action="store_true",
+                    help="the first epoch of a fresh store against the cache off, num_workers=0 on the loader threads")
+    ap.add_argument("--threads", default="auto", help="--cold-first-epoch: the loader threads (default auto)")
     ap.add_argument("--stem", default=None)
     ap.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -335,6 +401,14 @@ def main() -> None:
             return
         build(tmp / "photos", per_class=args.per_class)
         root = str(tmp / "photos" / "train")
+        if args.cold_first_epoch:
+            threads = int(args.threads) if args.threads.isdigit() else args.threads
+            result = {"machine": machine(), "rounds": args.rounds, "images": 3 * args.per_class,
+                      **cold_first_epoch(root, tmp, args.rounds, threads, args.only)}
+            stem = args.stem or "cache-cold-first-epoch"
+            (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2))
+            print(json.dumps(result["median_cold_over_off"], indent=2))
+            return
         result = {"machine": machine(), "rounds": args.rounds, "epochs": args.epochs, "workers": args.workers,
                   "pipelines": {n: PIPELINES[n] for n in args.only}, "decode_only": decode_only(root)}
         result.update(measure(args.only, root, args.rounds, args.epochs, args.workers, tmp))

@@ -116,10 +116,14 @@ def gpu_rows(root: str, n: int, epochs: int) -> dict:
     return rows
 
 
-def cuda_tests() -> dict:
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           str(ROOT / "tests" / "test_device_tail_cuda.py")], capture_output=True, text=True,
-                          check=False, cwd=ROOT, timeout=300)
+def cuda_tests(tmp: Path) -> dict:
+    """The CUDA tests, from a copy of tests/ (the installed nano_patch under test, not the checkout's source)."""
+    import shutil
+
+    copy = tmp / "tests"
+    shutil.copytree(ROOT / "tests", copy)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_device_tail_cuda.py"],
+                          capture_output=True, text=True, check=False, cwd=copy, timeout=300)
     tail = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-500:]
     print(f"  CUDA tests: {tail}", flush=True)
     return {"returncode": proc.returncode, "summary": tail, "output": proc.stdout[-4000:]}
@@ -163,7 +167,7 @@ def main() -> None:
         if torch.cuda.is_available():
             result["gpu"] = gpu_rows(root, n, args.epochs)
         if torch.cuda.is_available() and not args.skip_tests:
-            result["cuda_tests"] = cuda_tests()
+            result["cuda_tests"] = cuda_tests(tmp)
     result["total_s"] = time.perf_counter() - began
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))

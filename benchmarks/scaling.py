@@ -127,6 +127,7 @@ def run_delay_s():  # time this process's threads were ready to run but waited f
 
 out = {}
 n, cpu0, wait0, t = 0, cpu_s(), run_delay_s(), time.perf_counter()
+main_cpu0 = sum(me.cpu_times()[:2])
 if cfg["mode"] == "gil":
     try:  # Yama's ptrace_scope 1 lets only an ancestor attach: let py-spy (a child) attach to this process
         import ctypes
@@ -159,8 +160,12 @@ else:
         if time.perf_counter() - t >= cfg["seconds"]:
             break
 seconds = time.perf_counter() - t
+main_cpu = me.cpu_times()
+tree = [me] + me.children(recursive=True)
 out.update(images=n, seconds=seconds, images_per_s=n / seconds, cpu_s_per_image=(cpu_s() - cpu0) / n,
-           run_delay_s_per_image=(run_delay_s() - wait0) / n)
+           main_cpu_s_per_image=(main_cpu.user + main_cpu.system - main_cpu0) / n,
+           run_delay_s_per_image=(run_delay_s() - wait0) / n,
+           tree_rss_mb=sum(p.memory_info().rss for p in tree if p.is_running()) / 2**20)
 if cfg["side"] == "patched":
     try:
         from nano_patch.data import loader_pool

@@ -292,8 +292,10 @@ class _Context:
         #: the Compose to stop before its tensor tail (uint8 batches whose tail the device finishes), or None
         self.uint8: Any = None
         self.closed = False
-        #: batches a stand-in loaded, and why (for the run report and for the next iterator's choice)
+        #: batches a stand-in loaded (for the run report)
         self.stand_ins = 0
+        #: (device type, device index) to pin each batch for, as stock's pin-memory thread does, or None
+        self.pin: tuple[Any, int] | None = None
 
 
 class _Producers:
@@ -363,7 +365,23 @@ def _load_task(ctx: _Context, task: Task) -> None:
         with stream.turn:
             stream.drawn += 1
             stream.turn.notify_all()
-        task.done.set()
+    if ctx.pin is not None and not ctx.closed:
+        task.data = _pinned(task.data, *ctx.pin)
+    task.done.set()
+
+
+def _pinned(data: Any, device: Any, index: int) -> Any:
+    """``data`` pinned as stock's pin-memory thread pins a batch (its error wrapped as that thread wraps it)."""
+    import torch
+    from torch.utils.data import _utils
+
+    if isinstance(data, _utils.ExceptionWrapper):
+        return data
+    try:
+        torch.accelerator.set_device_index(index)
+        return _utils.pin_memory.pin_memory(data, device)
+    except Exception:  # noqa: BLE001 - raised at its batch, as stock's
+        return _utils.ExceptionWrapper(where=f"in pin memory thread for device {index}")
 
 
 def _load_batch(ctx: _Context, stream: Stream, indices: Any) -> Any:
@@ -483,6 +501,10 @@ def _make_iterator_class() -> type:
                     s.numpy_seed = None
             self._streams = [Stream(k, s, kernel) for k, s in enumerate(seeds)]
             self._ctx = _Context(loader, Snapshot.of(loader.dataset), self._base_seed, render_threads)
+            if self._pin_memory:  # pinned by the producers, where stock's pin-memory thread pins
+                import torch
+
+                self._ctx.pin = (getattr(self, "_pin_memory_device", None), torch.accelerator.current_device_index())
             self._producers = _producers_for(min(2, self._num_workers))
             self._tasks: dict[int, Task] = {}
             self._epoch = 0
@@ -538,8 +560,6 @@ def _make_iterator_class() -> type:
             self._try_put_index()
             if isinstance(data, _utils.ExceptionWrapper):
                 data.reraise()
-            if self._pin_memory:
-                data = _utils.pin_memory.pin_memory(data, getattr(self, "_pin_memory_device", None))
             return data
 
         def _shutdown_workers(self) -> None:
