@@ -87,7 +87,7 @@ for part in parts:
                 job = batch_loader._source(p, store, crop_window, *extra)
                 hw = job.array.shape[:2] if job.array is not None else job.size
                 if program is None or program.draw(hw) is None:
-                    batch_loader._draw(job, tf, draws, shared)
+                    batch_loader._draw_sample(job, tf, draws, shared)
                     if program is not None:
                         program.resync()
             draws.to_torch()
@@ -95,8 +95,8 @@ for part in parts:
             draws = batch_loader._native_draws() if part == "draw_native" else None
             for k, p in enumerate(paths):
                 if k % 64 == 0:  # a run's recordings share their tensor tail op and plan (batches of 64)
-                    kw = {"shared": {}} if "shared" in inspect.signature(batch_loader._draw).parameters else {}
-                batch_loader._draw(batch_loader._source(p, store, crop_window, *extra), tf, draws, **kw)
+                    kw = {"shared": {}} if "shared" in inspect.signature(batch_loader._draw_sample).parameters else {}
+                batch_loader._draw_sample(batch_loader._source(p, store, crop_window, *extra), tf, draws, **kw)
             if draws is not None:
                 draws.to_torch()
         passes.append((time.perf_counter() - t) / len(paths))

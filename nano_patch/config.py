@@ -67,12 +67,12 @@ DESCRIPTIONS = {
     "channels_last": "model and 4-D batch tensors in channels-last memory format",
     "auto_lr": "learning rate x world size, with a linear warmup",
     "scaled_decode": "DCT-domain JPEG downscale before a first Resize (outside parity bars)",
-    "uint8_batches": "DataLoader workers send uint8 images; batches are converted in the main process",
+    "uint8_batches": "where a device finishes the tensor tail, DataLoader workers send uint8 images",
     "cache_decoded": "keep decoded images in an on-disk store shared by all processes, so later epochs skip "
                      "JPEG decoding",
     "cache_dir": "the private folder of the decoded-image cache (default: ~/.cache/nano-patch/decoded-images)",
     "loader_threads": "threads that load each batch of a num_workers=0 DataLoader (decode and transforms, with "
-                      "stock's draws in stock's order); auto = the usable cores",
+                      "stock's draws in stock's order); auto = every usable core, fewer where measured faster",
     "virtual_workers": "num_workers=N as N virtual workers in this process where no user code runs in a worker "
                        "(stock's seeds and batches; else worker processes)",
 }

@@ -50,6 +50,7 @@ from ..vision import (
     source,
     torch_draws,
 )
+from ..vision.cache import fill
 from ..vision.image import FastImage, plain
 from . import collate, loader_pool, torch_state
 
@@ -73,6 +74,8 @@ class Job:
     info: dict[Any, Any] | None = None
     #: the recording as one native call (``oprunner``), or None: ``plan.render`` in Python
     native: oprunner.NativeRun | None = None
+    #: the array is the decoded-image cache's (a hit)
+    hit: bool = False
 
 
 @dataclass(slots=True)
@@ -192,138 +195,231 @@ def load_samples(dataset: Any, entries: list[tuple[Any, Any]], transform: Any, t
     return out
 
 
+@dataclass
+class _Run:
+    """What the stages of one run of samples share: the dataset's tables and plan, fixed for the run."""
+
+    dataset: Any
+    transform: Any
+    target_transform: Any
+    store: cache.Store | None
+    index: file_index.FileIndex | None
+    headers: file_index.HeaderIndex | None
+    with_info: bool
+    plan: compose_plan.Plan | None
+    crop_window: bool
+    #: the run's draws may move Python's or NumPy's generator too (timm's steps, a target_transform)
+    beyond: bool
+
+    @classmethod
+    def of(cls, dataset: Any, transform: Any, target_transform: Any) -> _Run:
+        from ..vision import loading
+
+        store = cache.store_for(dataset)
+        with_info = loading.needs_info(transform)
+        the_plan = compose_plan.plan_for(transform) if transform is not None else None
+        return cls(dataset, transform, target_transform, store,
+                   file_index.for_dataset(dataset) if store is not None else None,
+                   # sizes from the header index where the images are not cached (a sample that is an image needs
+                   # its file's info, read in the draw: those take the full path)
+                   file_index.headers_for(dataset) if not with_info else None,
+                   with_info, the_plan,
+                   the_plan is not None and the_plan.crop_first and native.available("crop_decode"),
+                   _draws_beyond_torch(the_plan) or target_transform is not None)
+
+
+@dataclass
+class _Drawn:
+    """A run's draw: its samples' jobs in order, where it stopped, and the generators' states it can go back to."""
+
+    k0: int
+    jobs: list[Job]
+    stop: _Stop | None
+    #: the generators before each sample's draws (where a target_transform needs them), else None
+    before: list[tuple[Any, Any, Any]] | None
+    #: the generators at the run's start (where ``before`` is None)
+    run_start: tuple[Any, Any, Any] | None
+    #: the generators after the run's draws (where ``before`` is kept)
+    after: tuple[Any, Any, Any] | None = None
+    #: the draw program's counts for the run report
+    counts: dict[tuple[str, bool, str], int] | None = None
+
+    def rewind(self, j: int, transform: Any) -> None:
+        """The generators where they were before the ``j``-th job's draws."""
+        if self.before is not None:
+            _restore(self.before[j])
+            return
+        _restore(self.run_start)  # type: ignore[arg-type]
+        for done_job in self.jobs[:j]:
+            _draw_again(done_job, transform)
+
+
+#: One run's draw stage at a time in this process: a stage with native draws copies torch's generator, draws from
+#: the copy and writes it back; two at once (two threads iterating loaders) would each write back over the other's.
+_draw_lock = threading.Lock()
+#: Draw stages whose copy found torch's generator moved by another thread meanwhile, before torch draws itself.
+_COPY_ATTEMPTS = 2
+
+
 def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: Any, target_transform: Any,
               n_threads: int, one: Callable[[int], Any], out: list[Any]) -> int:
     """Load samples from ``k0`` into ``out``: draw as many as can be drawn ahead, render them, then take them in
     order; return the index to go on from."""
-    from ..vision import loading
-    from . import device_tail
-
     stats = report.stats
-    store = cache.store_for(dataset)
-    index = file_index.for_dataset(dataset) if store is not None else None
-    with_info = loading.needs_info(transform)
-    # sizes from the header index where the images are not cached (a sample that is an image needs its
-    # file's info, read in the draw: those take the full path)
-    headers = file_index.headers_for(dataset) if not with_info else None
-    the_plan = compose_plan.plan_for(transform) if transform is not None else None
-    crop_window = the_plan is not None and the_plan.crop_first and native.available("crop_decode")
-    beyond = _draws_beyond_torch(the_plan) or target_transform is not None
+    run = _Run.of(dataset, transform, target_transform)
     start = time.perf_counter()
+    with _draw_lock:
+        for attempt in range(_COPY_ATTEMPTS + 1):
+            drawn = _draw(run, entries, k0, copy=attempt < _COPY_ATTEMPTS)
+            if drawn is not None:
+                break
+    if stats is not None and drawn.counts:
+        stats.count_many(drawn.counts)
+    jobs = drawn.jobs
+    for job, native_run in zip(jobs, oprunner.prepare_batch([j.native or j.recording for j in jobs])):
+        job.native = native_run  # (all of them: into one batch tensor, which default_collate then takes as it is)
+    drawn_at = time.perf_counter()
+    outcomes, each = _render(run, drawn, n_threads)
+    done = time.perf_counter()
+    if outcomes is None:  # the common batch: every sample in its slot, nothing to call or store between them
+        if stats is not None:
+            _count_taken(stats, jobs)
+        slots = tuple([job.native.slot_tensor for job in jobs])  # type: ignore[union-attr]
+        out.extend(zip(slots, [entry[1] for entry in entries[k0:k0 + len(jobs)]]))
+        committed = len(jobs)
+        if k0 == 0 and drawn.stop is None and len(jobs) == len(entries):  # the whole batch, for the fetch's collation
+            collate.hand_over(jobs[0].native.batch, slots)  # type: ignore[union-attr]
+    else:
+        committed = _take(run, drawn, outcomes, entries, one, out)
+    stop = drawn.stop
+    if stop is not None:
+        if stop.error is not None:
+            raise stop.error  # PIL's guard: stock's error, where stock raises it
+        out.append(_one_reusing(one, stop.k, stop.job) if stop.job is not None else one(stop.k))
+    resume = stop.k + 1 if stop is not None else k0 + len(jobs)
+    if run.store is not None:  # (the batch taken at once has no miss)
+        _store_misses(run.store, jobs[:committed], outcomes[:committed] if outcomes else None, each, n_threads)
+    if stats is not None and committed:
+        rendered_s = [r.render_s for ok, r in outcomes[:committed] if ok] if outcomes else [each] * committed
+        stats.count("dataloader", True, f"batch loaded on {n_threads} threads (draws in stock's order)")
+        stats.add_loader({"parallel_batches": 1, "parallel_samples": committed, "parallel_threads": n_threads,
+                          "draw_s": drawn_at - start + time.perf_counter() - done, "render_wall_s": done - drawn_at,
+                          "render_s": sum(rendered_s)})
+    return resume
+
+
+def _draw(run: _Run, entries: list[tuple[Any, Any]], k0: int, copy: bool) -> _Drawn | None:
+    """The draw stage: each sample's source and draws, in stock's order, as far as they can be made ahead. ``copy``:
+    torch's draws may be made natively from a copy of its generator, written back at the end; None where another
+    thread moved torch's generator meanwhile (nothing was written back: the caller draws again)."""
+    transform = run.transform
     jobs: list[Job] = []
     # The generators before each sample's draws: kept per sample only where a target_transform needs them (a kept
     # state is a new 5 KB tensor, ~15-40 us); else the run's start, from which the draws are made again (they run no
     # user code and give no warning) in the rare case that a sample needs stock's code.
-    before: list[tuple[Any, Any, Any]] | None = [] if target_transform is not None else None
-    run_start = _states(beyond) if before is None else None
+    before: list[tuple[Any, Any, Any]] | None = [] if run.target_transform is not None else None
+    drawn = _Drawn(k0, jobs, None, before, _states(run.beyond) if before is None else None)
     # torch's draws made natively from a copy of its generator, written back once the run's draws are made; only
     # where no user code runs between two samples' draws (no target_transform) and every step's draws are known
-    draws = _native_draws() if before is None and the_plan is not None and the_plan.draws_natively else None
+    draws = _native_draws() if copy and before is None and run.plan is not None and run.plan.draws_natively \
+        else None
     # the samples' recordings share their tensor tail's op: no user code runs between their draws (a
     # target_transform runs after them all), so a Normalize's constants are the same for all of them
     shared: dict[Any, Any] = {}
     # where every step of the plan is one the draw program knows: each sample's native run straight from its draws
     program = draw_program.bind(transform, draws, shared) if draws is not None else None
-
-    def rewind(j: int) -> None:
-        """The generators where they were before the ``j``-th job's draws."""
-        if before is not None:
-            _restore(before[j])
-            return
-        _restore(run_start)
-        for done_job in jobs[:j]:
-            _draw_again(done_job, transform)
-
-    stop: _Stop | None = None
     try:
         for k in range(k0, len(entries)):
             path = entries[k][0]
-            states = _states(beyond) if before is not None else None
+            states = _states(run.beyond) if before is not None else None
             try:
-                job = _source(path, store, crop_window, index, headers)
-                if with_info:
+                job = _source(path, run.store, run.crop_window, run.index, run.headers)
+                if run.with_info:
                     job.info = decode.image_info(path, job.data)
             except _GuardRaised as raised:
-                stop = _Stop(k, error=raised.error)
+                drawn.stop = _Stop(k, error=raised.error)
                 break
             except Exception:  # noqa: BLE001 - a file stock's own code handles its way (missing, damaged): one by one
-                stop = _Stop(k)
+                drawn.stop = _Stop(k)
                 break
             try:
-                run = program.draw(job.array.shape[:2] if job.array is not None else job.size) \
+                native_run = program.draw(job.array.shape[:2] if job.array is not None else job.size) \
                     if program is not None else None
-                if run is not None:
-                    job.native = run
+                if native_run is not None:
+                    job.native = native_run
                 else:
-                    _draw(job, transform, draws, shared)
+                    _draw_sample(job, transform, draws, shared)
                     if program is not None:
                         program.resync()  # (the plan drew this sample from the program's generator copy)
-            except compose_plan.NotSplittable as exc:
+            except Exception as exc:  # noqa: BLE001 - stock's own code loads this sample, from its state before it
                 if states is not None:
                     _restore(states)
                 else:
                     draws = None  # the rewind draws again with torch's own generator, which then stands right
-                    rewind(len(jobs))
-                if exc.every_time and the_plan is not None:
-                    the_plan.unsplittable = str(exc)
-                    report.count("dataloader", False, f"batch loaded one by one: {exc}")
-                else:
-                    report.count("dataloader", False, f"sample loaded one by one: {exc}")
-                stop = _Stop(k, job=job)
-                break
-            except Exception:  # noqa: BLE001 - a draw stock raises at (a crop larger than the image): the samples
-                # before it are taken first, as stock's loop takes them, then stock's code raises it at its sample
-                if states is not None:
-                    _restore(states)
-                else:
-                    draws = None
-                    rewind(len(jobs))
-                stop = _Stop(k, job=job)
+                    drawn.rewind(len(jobs), transform)
+                if isinstance(exc, compose_plan.NotSplittable):
+                    if exc.every_time and run.plan is not None:
+                        run.plan.unsplittable = str(exc)
+                        report.count("dataloader", False, f"batch loaded one by one: {exc}")
+                    else:
+                        report.count("dataloader", False, f"sample loaded one by one: {exc}")
+                # (else a draw stock raises at, a crop larger than the image: the samples before it are taken
+                # first, as stock's loop takes them, then stock's code raises it at its sample)
+                drawn.stop = _Stop(k, job=job)
                 break
             jobs.append(job)
             if before is not None:
                 before.append(states)
-    finally:
+    except BaseException:
         if draws is not None:
             draws.to_torch()  # torch's generator where the run's draws leave it, as stock's would be
-    if stats is not None and program is not None:
-        stats.count_many(program.report_counts())
-    after = _states(beyond) if before is not None and jobs else None
-    for job, run in zip(jobs, oprunner.prepare_batch([j.native or j.recording for j in jobs])):
-        job.native = run  # (all of them: into one batch tensor, which default_collate then takes as it is)
-    drawn = time.perf_counter()
+        raise
+    if draws is not None and not draws.to_torch_unless_moved():
+        return None  # (another thread drew from torch's generator meanwhile: these draws are not stock's)
+    if program is not None:
+        drawn.counts = program.report_counts()
+    drawn.after = _states(run.beyond) if before is not None and jobs else None
+    return drawn
+
+
+def _render(run: _Run, drawn: _Drawn, n_threads: int) -> tuple[list[tuple[bool, Any]] | None, float]:
+    """The render stage: each sample's pixels, on ``n_threads`` threads. Its outcomes, in order, and the seconds a
+    sample took; no outcomes (None) where the batch was rendered whole, every sample into its slot, with nothing
+    to call between them (no target_transform, no erasers' draws): it is then taken at once."""
+    jobs = drawn.jobs
     parallel = n_threads > 1 and len(jobs) > 1
     batch = _native_batch(jobs)
-    outcomes: list[tuple[bool, Any]] = []
-    committed, each = 0, 0.0
-    if batch is not None:
-        # the native calls run no torch op (no thread enters the caller's torch state); where that state cannot be
-        # held by another thread, the calling thread takes them all, as map_outcomes would
-        calls = min(n_threads, len(jobs)) if parallel and not torch_state.caller_only() else 1
-        each = _run_batch(batch, calls, len(jobs))
-        if before is None and b"\0" not in batch.done() and not _erasing(jobs):
-            # the common batch: every sample in its slot, nothing to call or store between them: taken at once
-            if stats is not None:
-                _count_taken(stats, jobs)
-            slots = tuple([job.native.slot_tensor for job in jobs])  # type: ignore[union-attr]
-            out.extend(zip(slots, [entry[1] for entry in entries[k0:k0 + len(jobs)]]))
-            committed = len(jobs)
-            if k0 == 0 and stop is None and len(jobs) == len(entries):  # the whole batch, for the fetch's collation
-                collate.hand_over(jobs[0].native.batch, slots)  # type: ignore[union-attr]
-        else:
-            outcomes = _batch_outcomes(batch, jobs, each)
-    else:
-        outcomes = loader_pool.map_outcomes(_render, jobs, n_threads, torch_state.capture() if parallel else None)
-    done = time.perf_counter()
+    if batch is None:
+        return loader_pool.map_outcomes(_render_job, jobs, n_threads,
+                                        torch_state.capture() if parallel else None), 0.0
+    # the native calls run no torch op (no thread enters the caller's torch state); where that state cannot be
+    # held by another thread, the calling thread takes them all, as map_outcomes would
+    calls = min(n_threads, len(jobs)) if parallel and not torch_state.caller_only() else 1
+    each = _run_batch(batch, calls, len(jobs))
+    if drawn.before is None and b"\0" not in batch.done() and not _erasing(jobs):
+        return None, each
+    return _batch_outcomes(batch, jobs, each), each
+
+
+def _take(run: _Run, drawn: _Drawn, outcomes: list[tuple[bool, Any]], entries: list[tuple[Any, Any]],
+          one: Callable[[int], Any], out: list[Any]) -> int:
+    """The take stage, sample by sample in order: the ``target_transform`` with the generators where stock has them
+    after that sample's draws; a sample that failed loaded by stock's own code, from stock's state before it (and
+    those after it too). Returns how many samples were taken from the batch path."""
+    from . import device_tail
+
+    jobs, before, after = drawn.jobs, drawn.before, drawn.after
+    target_transform = run.target_transform
+    committed = 0
     stale = False  # the samples left were drawn from a state that is not stock's: one by one, in order
     for j, (job, (ok, rendered)) in enumerate(zip(jobs, outcomes)):
-        k = k0 + j
+        k = drawn.k0 + j
         if stale:
             out.append(_one_reusing(one, k, job))
             continue
         if not ok:
             # stock's own code for this sample, from stock's state before it; those drawn after it follow it
-            rewind(j)
+            drawn.rewind(j, run.transform)
             failures = (compose_plan.DecodeFailed, compose_plan.RenderFailed, compose_plan.NotSplittable)
             if not isinstance(rendered, failures):
                 report.count("dataloader", False, "sample loaded one by one: it failed to load or render")
@@ -334,34 +430,42 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
         if target_transform is not None:
             # the user's callable sees the generators where stock has them after this sample's draws
             expected = before[j + 1] if before is not None and j + 1 < len(jobs) else after
-            _restore(expected)
+            _restore(expected)  # type: ignore[arg-type]
             target = target_transform(target)
-            if not _same(_states(), expected):
+            if not _same(_states(), expected):  # type: ignore[arg-type]
                 # it drew from a global generator: the samples after this one were drawn from a state that is not
                 # stock's; they load one by one, and so does every later batch of this dataset
-                _mark_one_by_one(dataset, "its target_transform draws from the global random generators")
+                _mark_one_by_one(run.dataset, "its target_transform draws from the global random generators")
                 stale = True
         sample = rendered.sample
         if job.recording is not None and job.recording.erasures is not None:
             sample = device_tail.ErasedImage(sample, job.recording.erasures)  # the tail is left to the device
         out.append((sample, target))
         committed = j + 1
-    if stop is not None:
-        if stop.error is not None:
-            raise stop.error  # PIL's guard: stock's error, where stock raises it
-        out.append(_one_reusing(one, stop.k, stop.job) if stop.job is not None else one(stop.k))
-    resume = stop.k + 1 if stop is not None else k0 + len(jobs)
-    if store is not None:  # (the batch taken at once has no miss: outcomes is empty)
-        for job, (ok, r) in zip(jobs[:committed], outcomes):
-            if ok and job.material is not None and r.decoded is not None:
+    return committed
+
+
+def _store_misses(store: cache.Store, jobs: list[Job], outcomes: list[tuple[bool, Any]] | None, each: float,
+                  n_threads: int) -> None:
+    """Store the decodes of ``jobs``' misses, and tell the store's fill budget (``--fast``) what each sample cost:
+    its render (``outcomes``' times, or ``each`` for a batch taken at once), a fill's write added. The write is
+    made here, in the calling thread, while the renders share ``n_threads`` threads: it counts ``n_threads`` times
+    (the threads' time it holds the batch up)."""
+    budget = store.fill_budget
+    for k, job in enumerate(jobs):
+        if outcomes is None:
+            seconds = each
+        else:
+            ok, r = outcomes[k]
+            if not ok:
+                continue
+            seconds = r.render_s
+            if job.material is not None and r.decoded is not None:
+                start = time.perf_counter()
                 source.record_miss(store, job.material, r.decoded, r.decode_s, r.reproducible)
-    if stats is not None and committed:
-        rendered_s = [r.render_s for ok, r in outcomes[:committed] if ok] if outcomes else [each] * committed
-        stats.count("dataloader", True, f"batch loaded on {n_threads} threads (draws in stock's order)")
-        stats.add_loader({"parallel_batches": 1, "parallel_samples": committed, "parallel_threads": n_threads,
-                          "draw_s": drawn - start + time.perf_counter() - done, "render_wall_s": done - drawn,
-                          "render_s": sum(rendered_s)})
-    return resume
+                seconds += (time.perf_counter() - start) * n_threads
+        if budget is not None:
+            budget.seen(fill.HIT if job.hit else fill.FILLED if job.material is not None else fill.UNCACHED, seconds)
 
 
 def _one_reusing(one: Callable[[int], Any], k: int, job: Job) -> Any:
@@ -402,8 +506,8 @@ def _native_draws() -> torch_draws.TorchDraws | None:
     return torch_draws.start(native.kernel("torch_draws"))
 
 
-def _draw(job: Job, transform: Any, draws: torch_draws.TorchDraws | None = None,
-          shared: dict[Any, Any] | None = None) -> None:
+def _draw_sample(job: Job, transform: Any, draws: torch_draws.TorchDraws | None = None,
+                 shared: dict[Any, Any] | None = None) -> None:
     """The sample's draws: ``transform``'s plan on a Recording of the source's size (torch's draws made by
     ``draws`` where given, else by torch; ``shared``: what the recordings of this run share)."""
     if transform is not None:
@@ -433,9 +537,10 @@ def _source(path: Any, store: cache.Store | None, crop_window: bool, index: file
     """
     material = None  # a miss to store, or None
     if store is not None:
-        found = source.look_up(store, path, index=index, size_rule=_quiet_size_rule if quiet else _guarded_size_rule)
+        found = source.look_up(store, path, index=index, size_rule=_quiet_size_rule if quiet else _guarded_size_rule,
+                               budget=store.fill_budget)
         if found.kind == source.HIT:  # stock's size rule applied, as its open of the file
-            return Job(ARRAY, path, None, array=found.array)
+            return Job(ARRAY, path, None, array=found.array, hit=True)
         material = found.material
     if material is None and headers is not None:
         indexed = headers.size_of(path)
@@ -545,13 +650,13 @@ def _batch_outcomes(batch: oprunner.NativeBatch, jobs: list[Job], each: float) -
                     stats.count("vision_datasets", True, oprunner.DECODED[job.kind == JPEG_WINDOW])
                 outcomes.append((True, Rendered(got, None, False, 0.0, each)))
                 continue
-            outcomes.append((True, _render(job, got, native_file=False)))
+            outcomes.append((True, _render_job(job, got, native_file=False)))
         except Exception as exc:  # noqa: BLE001 - the caller's to judge, in order (as map_outcomes gives it)
             outcomes.append((False, exc))
     return outcomes
 
 
-def _render(job: Job, read: bytes | None = None, native_file: bool = True) -> Rendered:
+def _render_job(job: Job, read: bytes | None = None, native_file: bool = True) -> Rendered:
     """The sample's pixels, by its native run or the Python path. ``read``: the bytes of a header-indexed file,
     already read (by a native call that left it); ``native_file``: such a file may be read, decoded and rendered
     in one native call first."""
@@ -676,11 +781,9 @@ def _load_drawn(dataset: Any, owner: Any, entries: list[tuple[Any, Any]], draws:
         slots = tuple([job.native.slot_tensor for job in jobs])  # type: ignore[union-attr]
         collate.hand_over(jobs[0].native.batch, slots)  # type: ignore[union-attr]
         return list(zip(slots, targets))
-    outcomes = loader_pool.map_outcomes(_render, jobs, n_threads, torch_state.capture())
+    outcomes = loader_pool.map_outcomes(_render_job, jobs, n_threads, torch_state.capture())
     if not all(ok for ok, _ in outcomes):
         return None
     if store is not None:
-        for job, (_, r) in zip(jobs, outcomes):
-            if job.material is not None and r.decoded is not None:
-                source.record_miss(store, job.material, r.decoded, r.decode_s, r.reproducible)
+        _store_misses(store, jobs, outcomes, 0.0, n_threads)
     return [(r.sample, target) for (_, r), target in zip(outcomes, targets)]

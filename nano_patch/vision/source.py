@@ -25,6 +25,7 @@ import numpy as np
 
 from .. import report
 from . import cache, decode
+from .cache.fill import FillBudget
 from .file_index import FileIndex
 
 #: What a lookup found: the cache's view, a miss the store takes (decode, then :func:`record_miss`), or no cache.
@@ -42,10 +43,12 @@ class Found:
 
 def look_up(store: cache.Store | None, path: str | os.PathLike[str], mode: str = "RGB",
             index: FileIndex | None = None, size_rule: Callable[[int, int], Any] = decode.check_size,
-            native_mode: bool = False) -> Found:
+            native_mode: bool = False, budget: FillBudget | None = None) -> Found:
     """The cache's answer for ``path`` decoded to ``mode``. A hit has had ``size_rule`` (stock's size rule, or a
     caller's wrapper of it: called only where that rule can act, ``decode.below_size_limit``) applied and is
-    counted; a miss is counted once its decode is recorded."""
+    counted; a miss is counted once its decode is recorded. ``budget``: a miss is one to store only where it
+    allows (``cache/fill.py``); else it is served as with the cache off (UNCACHED), and the caller tells the
+    budget what each sample cost."""
     if store is None:
         return Found(UNCACHED)
     if index is not None:
@@ -63,7 +66,7 @@ def look_up(store: cache.Store | None, path: str | os.PathLike[str], mode: str =
             size_rule(a.shape[0], a.shape[1])
         count_hit(path, a, native_mode)
         return Found(HIT, array=a)
-    if not store.accepting:
+    if not store.accepting or (budget is not None and not budget.fill()):
         return Found(UNCACHED)
     return Found(MISS, material=material)
 

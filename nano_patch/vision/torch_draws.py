@@ -121,6 +121,16 @@ class TorchDraws:
         self._n.draws_store(self._st, self._template.numpy())
         torch.set_rng_state(self._template)
 
+    def to_torch_unless_moved(self) -> bool:
+        """:meth:`to_torch`, where torch's generator still stands where this copy was taken (True); else nothing
+        (False): another thread drew from it meanwhile, so these draws are not the ones stock's would make now."""
+        import torch
+
+        if not torch.equal(torch.get_rng_state(), self._template):
+            return False
+        self.to_torch()
+        return True
+
     def torch_state(self) -> Any:
         """torch's state tensor for where these draws are (torch's generator itself untouched)."""
         out = self._template.clone()

@@ -38,9 +38,10 @@ MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 # --- the folders ------------------------------------------------------------------------------------------------
 
 def make_folders(root: Path, photos: list[Image.Image]) -> None:
-    """``plain``: 12 JPEGs in two classes; ``tiny``: one of them 30 x 20; ``trunc<N>``: the N-th file (in
-    ImageFolder's order) truncated; ``missing``: a file removed after listing is simulated by the cases; ``mixed``:
-    a grey JPEG, a PNG, a JPEG with EXIF and DPI; ``bomb``: plain, for a lowered MAX_IMAGE_PIXELS."""
+    """``plain``: 12 JPEGs in two classes; ``tiny``: one of them 30 x 20; ``small6``: the seventh 40 x 40;
+    ``trunc<N>``: the N-th file (in ImageFolder's order) truncated; ``missing``: a file removed after listing is
+    simulated by the cases; ``mixed``: a grey JPEG, a PNG, a JPEG with EXIF and DPI; ``bomb``: plain, for a lowered
+    MAX_IMAGE_PIXELS."""
     plain = root / "plain"
     for cls in ("a", "b"):
         (plain / cls).mkdir(parents=True, exist_ok=True)
@@ -58,6 +59,9 @@ def make_folders(root: Path, photos: list[Image.Image]) -> None:
         shutil.copytree(plain, t)
         data = (t / files[n].relative_to(plain)).read_bytes()
         (t / files[n].relative_to(plain)).write_bytes(data[: len(data) // 2])
+    small = root / "small6"  # the seventh file (in ImageFolder's order) 40 x 40: too small for RandomCrop(64)
+    shutil.copytree(plain, small)
+    Image.open(files[6]).resize((40, 40)).save(small / files[6].relative_to(plain), quality=90)
     mixed = root / "mixed"
     shutil.copytree(plain, mixed)
     photos[0].convert("L").save(mixed / "a" / "grey.jpg", quality=90)
@@ -525,6 +529,136 @@ def lightning_wrappers(rec: Recorder, root: Path) -> None:
         rec.add(f"combined {i}: {rec.value(batch)}")
         rec.generators(f"combined {i}")
     rec.add(b.target_transform.state())
+
+
+def _workers_kw(**kw: Any) -> dict[str, Any]:
+    """Worker arguments that only a loader with workers takes (the num_workers=0 modes leave them out)."""
+    return kw if WORKERS else {}
+
+
+@case
+def persistent_workers_three_epochs(rec: Recorder, root: Path) -> None:
+    dl = loader(folder(root, "plain", tf_crop()), batch_size=3, shuffle=True,
+                **_workers_kw(persistent_workers=True, prefetch_factor=1))
+    epochs(rec, dl, 3)
+
+
+@case
+def persistent_workers_epoch_left_early(rec: Recorder, root: Path) -> None:
+    """An epoch left after one batch: stock's persistent workers load what was sent to them before the next."""
+    dl = loader(folder(root, "plain", tf_crop()), batch_size=2, shuffle=True, **_workers_kw(persistent_workers=True))
+    for e in range(3):
+        for b, batch in enumerate(dl):
+            rec.add(f"epoch {e} batch {b}: {rec.value(batch)}")
+            rec.generators(f"epoch {e} batch {b}")
+            if e == 0:
+                break
+
+
+def _own_init(worker_id: int) -> None:
+    torch.manual_seed(1000 + worker_id)
+    random.seed(worker_id)
+
+
+@case
+def own_worker_init_fn(rec: Recorder, root: Path) -> None:
+    epochs(rec, loader(folder(root, "plain", tf_crop()), batch_size=4, shuffle=True,
+                       **_workers_kw(worker_init_fn=_own_init)), 2)
+
+
+@case
+def lightning_worker_seeding(rec: Recorder, root: Path) -> None:
+    """``seed_everything(workers=True)``'s worker_init_fn, as Lightning's Trainer injects it (with the rank)."""
+    import functools
+
+    try:
+        from lightning.fabric.utilities.seed import pl_worker_init_function
+    except ImportError:
+        rec.add("lightning not installed")
+        return
+    init = functools.partial(pl_worker_init_function, rank=0)
+    epochs(rec, loader(folder(root, "plain", tf_crop()), batch_size=4, shuffle=True,
+                       **_workers_kw(worker_init_fn=init)), 2)
+
+
+@case
+def dataset_changed_between_epochs(rec: Recorder, root: Path) -> None:
+    import torchvision.transforms as T
+
+    for persistent in (False, True):
+        ds = folder(root, "plain", tf_crop())
+        dl = loader(ds, batch_size=3, shuffle=True, **_workers_kw(persistent_workers=persistent))
+        epochs(rec, dl)
+        ds.transform.transforms[0] = T.RandomResizedCrop(40, scale=(0.5, 1.0))
+        del ds.samples[-4:]
+        epochs(rec, dl)
+
+
+def _small_crop(rec: Recorder, root: Path, tt: Any, epochs_n: int = 2) -> None:
+    """RandomCrop(64) over a folder whose seventh sample is 40 x 40, batch 4, in order: stock raises at it, after
+    the batch's samples before it; each error is recorded and the epoch goes on."""
+    import torchvision.transforms as T
+
+    ds = folder(root, "small6", T.Compose([T.RandomCrop(64), T.RandomHorizontalFlip(), T.ToTensor()]),
+                target_transform=tt)
+    dl = loader(ds, batch_size=4)
+    for e in range(epochs_n):
+        it = iter(dl)
+        b = 0
+        while True:
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            except Exception as exc:  # noqa: BLE001 - recorded
+                rec.add(f"epoch {e} batch {b}: {error(exc)}")
+                rec.generators(f"epoch {e} batch {b}")
+                b += 1
+                continue
+            rec.add(f"epoch {e} batch {b}: {rec.value(batch)}")
+            rec.generators(f"epoch {e} batch {b}")
+            b += 1
+    if tt is not None:
+        rec.add(tt.state())
+
+
+@case
+def draw_raises_mid_batch_counting(rec: Recorder, root: Path) -> None:
+    """A draw that raises mid-batch (RandomCrop over a too-small image): the samples before it are taken first,
+    their target_transform run, as stock's loop takes them; then stock's error."""
+    _small_crop(rec, root, Counter())
+
+
+@case
+def draw_raises_mid_batch(rec: Recorder, root: Path) -> None:
+    _small_crop(rec, root, None)
+
+
+@case
+def two_threads_one_loader(rec: Recorder, root: Path) -> None:
+    """Two threads of the user's iterate one loader at once: whatever the interleaving, the global generator ends
+    where stock's draws leave it (every draw of both made once, from the one generator)."""
+    import threading
+
+    import torchvision.transforms as T
+
+    # a fixed number of draws per sample (RandomResizedCrop's retries would make the total depend on the
+    # interleaving, on stock too)
+    tf = T.Compose([T.RandomCrop(48), T.RandomHorizontalFlip(), T.ToTensor()])
+    dl = loader(folder(root, "plain", tf), batch_size=2, shuffle=True)
+    counts = [0, 0]
+
+    def run(k: int) -> None:
+        for _ in range(3):
+            for _ in dl:
+                counts[k] += 1
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rec.add(f"batches {counts}")
 
 
 # --- the runner ---------------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from typing import Any
 
 from .disk import free_space, human_bytes, store_bytes
 from .entries import MIN_CAP
+from .fill import FillBudget
 from .process import Setting, open_store, opened_store, setting
 from .store import Store
 
@@ -46,6 +47,8 @@ def store_for(dataset: Any = None) -> Store | None:
             store = opened_store(s.folder) or open_store(s.folder, max(MIN_CAP, _budget(s.folder)), explicit=False)
         else:
             store = open_store(s.folder, s.cap)
+        if s.mode == "auto" and store.fill_budget is None:
+            store.fill_budget = FillBudget()  # --fast: the first epochs fill it within a budget (fill.py)
         _last_store = (s, store)
     return None if store.off else store
 

@@ -20,6 +20,7 @@ from . import opening, verify
 from .disk import SPACE_RESERVE, StoreDamaged, StoreRefused, check_directory, folder_lock, free_space
 from .entries import FORMAT_KEY, STORE_NAME, digest, encode_entry, parse_entry
 from .environ import warn_once
+from .fill import FillBudget
 from .keys import RacyMaterial
 from .mapped import Gate, StoreFile
 
@@ -51,6 +52,8 @@ class Store:
         self._txns: dict[int, Any] = {}  # thread -> its kept read transaction (aborted before a fork)
         self._pixels = StoreFile(self.path / "data.mdb")
         self._kept = False  # the store was refused, not damaged: say that it is left as it is
+        #: under ``--fast``: how many misses the batch path stores (``fill.py``); None: every one
+        self.fill_budget: FillBudget | None = None
         self.reset_locks()
 
     def reset_locks(self) -> None:
