@@ -130,14 +130,15 @@ def measure(names: list[str], root: str, rounds: int, epochs: int, workers: int,
 # --- the first epoch with the cache on, on the loader threads -------------------------------------
 
 #: One first epoch in a fresh process: ``num_workers=0``, the loader threads ``cfg["threads"]`` ("auto": the
-#: default), batch ``cfg["batch"]``, the cache ``off`` or ``cold`` (an empty store at ``cfg["cache_dir"]``, which the
-#: epoch fills). One-time start-up (imports, the kernels' checks, the plan) is paid on the val split first.
+#: default), batch ``cfg["batch"]``, the cache ``off`` or ``cold``: an empty store at ``cfg["cache_dir"]``, which the
+#: epoch fills, as ``--fast`` has it (``cache_decoded="auto"``; ``cfg["mode"]`` to set another). One-time start-up
+#: (imports, the kernels' checks, the plan) is paid on the val split first.
 COLD_CHILD = r"""
 import json, sys, time
 cfg = json.loads(sys.argv[1])
 import nano_patch
-nano_patch.patch_torch(cache_decoded="on" if cfg["cache"] == "cold" else "off", cache_dir=cfg["cache_dir"],
-                       loader_threads=cfg["threads"])
+nano_patch.patch_torch(cache_decoded=cfg.get("mode", "auto") if cfg["cache"] == "cold" else "off",
+                       cache_dir=cfg["cache_dir"], loader_threads=cfg["threads"])
 import torch
 from pathlib import Path
 import torchvision.transforms as T
@@ -157,7 +158,13 @@ torch.manual_seed(0)
 n, start = 0, time.perf_counter()
 for _, y in loader:
     n += len(y)
-print(json.dumps({"images_per_s": n / (time.perf_counter() - start), "images": n}))
+out = {"images_per_s": n / (time.perf_counter() - start), "images": n}
+if cfg["cache"] == "cold":
+    from nano_patch.vision import cache
+    store = cache.store_for(loader.dataset)
+    if store is not None and store.fill_budget is not None:
+        out["fill_budget"] = store.fill_budget.describe()
+print(json.dumps(out))
 """
 
 

@@ -43,8 +43,9 @@ LOADER_SETUP = r"""
 cfg = json.loads(sys.argv[1])
 if cfg["side"] == "patched":
     import nano_patch
+    extra = {"virtual_workers": False} if cfg.get("virtual") is False else {}  # (an older checkout lacks it)
     nano_patch.patch_torch(loader_threads=cfg["threads"], cache_decoded="on" if cfg["cache"] == "warm" else "off",
-                           cache_dir=cfg["cache_dir"])
+                           cache_dir=cfg["cache_dir"], **extra)
 import psutil, torch
 if cfg.get("torch_threads"):
     torch.set_num_threads(cfg["torch_threads"])
@@ -57,7 +58,7 @@ tf = {
     "b": [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), norm],
     "c": [T.Resize(256), T.CenterCrop(224), T.ToTensor(), norm],
 }[cfg["pipeline"]]
-kw = dict(num_workers=cfg["workers"], persistent_workers=True) if cfg["workers"] else {}
+kw = dict(num_workers=cfg["workers"], persistent_workers=cfg.get("persistent", True)) if cfg["workers"] else {}
 loader = DataLoader(ImageFolder(cfg["root"], transform=T.Compose(tf)), batch_size=cfg["batch"], shuffle=True, **kw)
 torch.manual_seed(0)
 """

@@ -248,3 +248,34 @@ def test_stock_s_error_from_a_draw_is_raised_at_its_sample(image_folder):
             errors.append((str(info.value), rng_state()))
     assert errors[0][0] == errors[1][0]
     assert rng_differences(errors[1][1], errors[0][1]) == []
+
+
+def test_the_check_never_touches_the_global_generator(mod, monkeypatch):
+    """The kernel's check compares torchvision's own get_params on private generators: another thread drawing from
+    torch's global generator meanwhile never sees it seeded, read back or set."""
+    state = torch.get_rng_state()
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the check touched torch's global generator")
+
+    for name in ("manual_seed", "set_rng_state", "seed"):
+        monkeypatch.setattr(torch, name, refused)
+    monkeypatch.setattr(torch.random, "set_rng_state", refused)
+    assert torch_draws.check(mod) is None
+    monkeypatch.undo()
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_a_private_generators_draws_come_from_its_own_state(mod):
+    """A virtual worker's stream: draws from a state of its own, torch's generator neither read nor moved."""
+    g = torch.Generator().manual_seed(123)
+    stream = torch_draws.TorchDraws.from_state(mod, g.get_state())
+    before = torch.get_rng_state()
+    img = torch.empty(1, 300, 400)
+    for _ in range(50):
+        with torch.random.fork_rng():
+            torch.set_rng_state(g.get_state())
+            want = T.RandomCrop.get_params(img, (64, 64))
+            g.set_state(torch.get_rng_state())
+        assert stream.crop((300, 400), (64, 64)) == tuple(want)
+    assert torch.equal(stream.torch_state(), g.get_state()) and torch.equal(torch.get_rng_state(), before)
