@@ -14,13 +14,13 @@ import functools
 import importlib
 import inspect
 import logging
-import warnings
 from types import ModuleType
 from typing import Any, ClassVar
 
 from ..config import ConfigError, Options
-from ..registry import NanoPatchWarning, Patch
+from ..registry import Patch
 from ..train.legacy import pop_legacy
+from ..train.training_plan import warn_bf16_once
 
 log = logging.getLogger("nano_patch")
 
@@ -261,15 +261,3 @@ def _multi_instance(pl: ModuleType, kwargs: dict[str, Any], n: int, cores: Any, 
         n, n * int(kwargs.get("num_nodes", 1) or 1),
     )
     return kwargs
-
-
-@functools.lru_cache(maxsize=1)
-def warn_bf16_once() -> None:
-    from .. import sysinfo
-
-    if not sysinfo.has_native_bf16():
-        warnings.warn(
-            "nano-patch: precision='bf16' on a CPU without avx512_bf16 or AMX is usually slower than fp32",
-            NanoPatchWarning,
-            stacklevel=5,
-        )

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import config
 from . import cache, compose_call, compose_plan, decode, file_index, native, source
 from . import functional as K
 from .image import FastImage, plain
@@ -184,11 +185,9 @@ def _decode_with_first_resize(path: str | os.PathLike[str], transforms: list[Any
     from torchvision.transforms import InterpolationMode, Resize
     from torchvision.transforms.functional import _compute_resized_output_size
 
-    import nano_patch
-
     first = transforms[0] if transforms else None
     if (
-        not nano_patch.options().scaled_decode
+        not config.current().scaled_decode
         or type(first) is not Resize
         or first.interpolation not in (InterpolationMode.BILINEAR, InterpolationMode.BICUBIC)
     ):
