@@ -16,6 +16,7 @@ from _rng import rng_differences, rng_state, seed_all
 from torch.utils.data import DataLoader, Subset
 
 import nano_patch
+from nano_patch import sysinfo
 from nano_patch.data import loader_pool
 from nano_patch.vision import compose_plan, oprunner
 
@@ -233,11 +234,27 @@ def test_a_bad_loader_threads_value_names_the_option_and_the_accepted_values(val
     assert not nano_patch.is_patched()
 
 
+def _quota(monkeypatch, cpus: float | None) -> None:
+    """The cgroup's CPU quota, as the core count reads it (``sysinfo``; ``loader_pool`` where it has its own)."""
+    monkeypatch.setattr(sysinfo, "cgroup_quota", lambda: cpus)
+    monkeypatch.setattr(loader_pool, "_cgroup_quota", lambda: cpus, raising=False)
+
+
+def test_usable_cores_are_the_affinity_capped_by_the_cgroup_quota(monkeypatch):
+    monkeypatch.setattr(sysinfo.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6, 7})
+    _quota(monkeypatch, None)
+    assert sysinfo.usable_cores() == 8 and sysinfo.affinity_cpus() == list(range(8))
+    _quota(monkeypatch, 2.5)  # a container given 2.5 CPUs
+    assert sysinfo.usable_cores() == 3
+    _quota(monkeypatch, 0.2)
+    assert sysinfo.usable_cores() == 1
+
+
 def test_the_pool_is_sized_to_the_usable_cores(monkeypatch, tmp_path):
     monkeypatch.setattr(loader_pool.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6, 7})
-    monkeypatch.setattr(loader_pool, "_cgroup_quota", lambda: None)
+    _quota(monkeypatch, None)
     assert loader_pool.usable_cores() == 8
-    monkeypatch.setattr(loader_pool, "_cgroup_quota", lambda: 2.5)  # a container given 2.5 CPUs
+    _quota(monkeypatch, 2.5)  # a container given 2.5 CPUs
     assert loader_pool.usable_cores() == 3
     nano_patch.patch_torch()
     assert loader_pool._auto_threads().ladder == [1, 2, 3]  # auto tries counts up to the usable cores
