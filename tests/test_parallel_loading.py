@@ -381,10 +381,10 @@ def test_the_common_batch_is_collated_as_stocks_default_collate(mixed_folder, mo
 
 def _slots_batch(n=3):
     """``n`` (image, target) pairs whose images are the marked slots of one batch tensor, as the render makes."""
-    from nano_patch.data import collate
+    from nano_patch.vision.batch_slots import mark_slot
 
     base = torch.arange(n * 2 * 3 * 4, dtype=torch.float32).reshape(n, 2, 3, 4)
-    return base, [(collate.mark_slot(slot, base, k), k + 10) for k, slot in enumerate(base.unbind(0))]
+    return base, [(mark_slot(slot, base, k), k + 10) for k, slot in enumerate(base.unbind(0))]
 
 
 def test_collate_pairs_takes_only_what_stocks_walk_would_collate_the_same_way(monkeypatch):

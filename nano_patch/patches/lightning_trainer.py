@@ -75,12 +75,12 @@ class LightningTrainerPatch(Patch):
         self.record.replace(Trainer, "compile", staticmethod(compile_for(pl)))
         self.record.wrap(Trainer, "fit", _noting_fit)
         # issue 33: a loader Lightning's own loop iterates may hand its tensor tail to the device
-        from ..train import device_tail
+        from ..train import tail_deferral
         fetchers = importlib.import_module(f"{self.target}.loops.fetchers")
         if "_run_stage" in vars(Trainer) and hasattr(fetchers, "_DataFetcher"):  # else: the tail stays on the CPU
-            self.record.wrap(Trainer, "_run_stage", device_tail.running)
-            self.record.wrap(fetchers._DataFetcher, "__iter__", device_tail.iterating)
-            self.record.wrap(fetchers._DataFetcher, "__next__", device_tail.iterating)  # loaders started lazily
+            self.record.wrap(Trainer, "_run_stage", tail_deferral.running)
+            self.record.wrap(fetchers._DataFetcher, "__iter__", tail_deferral.iterating)
+            self.record.wrap(fetchers._DataFetcher, "__next__", tail_deferral.iterating)  # loaders started lazily
 
     def _revert(self) -> None:
         while self._registered:

@@ -24,6 +24,9 @@ from .image import FastImage, plain
 # filter. On real photos at native resolution, a 1/2-scale decode before the resize measured max
 # abs diff 2-83 and mean 0.1-3.9 against stock, outside the bilinear bar (max 1, mean 0.5) at every
 # output size tried (32-200 px). Decode at least DCT_MARGIN times the output size, at most 1/2 down.
+#: torchvision's built-in datasets that open their files with PIL and convert them to RGB themselves: the vision patch
+#: routes their ``__getitem__`` through the RGB loader here (Caltech101, whose grey photos stay "L", is not one).
+RGB_DATASETS = ("Flowers102", "Food101", "DTD", "StanfordCars", "OxfordIIITPet")
 DCT_MARGIN = 2.0
 DCT_MIN_SCALE = 0.5
 

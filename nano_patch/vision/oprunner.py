@@ -25,6 +25,7 @@ import numpy as np
 
 from .. import report
 from . import native
+from .batch_slots import mark_slot
 from .pixels import OP_CROP, OP_KERNELS, Recording, TensorTail
 
 _code = operator.itemgetter(0)  # a record's op code
@@ -300,10 +301,9 @@ def _same_dense(shape: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...]) 
 
 def batch_tensor(jobs: list[NativeRun]) -> Any:
     """Where every sample's tail is the same tensor: one batch tensor in ``default_collate``'s layout, each job's
-    slot set to its sample's place in it (``data/collate.py`` recognises the slots). Else None (nothing set)."""
+    slot set to its sample's place in it and marked (``batch_slots``: ``data/collate.py`` recognises the slots).
+    Else None (nothing set)."""
     import torch
-
-    from ..data import collate
 
     first = jobs[0]
     kind, out_shape, table = first.kind, first.shape, first.table
@@ -331,7 +331,7 @@ def batch_tensor(jobs: list[NativeRun]) -> Any:
     slots = base.unbind(0)
     if tuple(slots[0].stride()) != strides:  # they differ on a size-1 dimension: the sample's own strides
         slots = tuple(slot.as_strided(shape, strides) for slot in slots)
-    mark = collate.mark_slot
+    mark = mark_slot
     for k, (job, slot) in enumerate(zip(jobs, slots)):
         job.slot_tensor, job.flat, job.offset, job.batch = mark(slot, base, k), flat, k * step, base
     return base

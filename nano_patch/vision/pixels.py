@@ -591,8 +591,8 @@ class Recording(Pixels):
         #: what the recordings of one run of samples share (their tensor tail's op): no user code runs between
         #: their draws, so what it is made of (a Normalize's constants) cannot change among them
         self.shared = shared
-        #: a deferred tail's RandomErasing draws (``data.device_tail.Erasure``), made with the others: the render's
-        #: uint8 image goes out with them (``data.device_tail.ErasedImage``)
+        #: a deferred tail's RandomErasing draws (``tensor_tail.Erasure``), made with the others: the render's
+        #: uint8 image goes out with them (``tensor_tail.ErasedImage``)
         self.erasures: list[Any] | None = None
         self._hw, self._mode = hw, mode
         self._nothing_pending()
