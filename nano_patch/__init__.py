@@ -143,9 +143,9 @@ def _warn_if_kernels_missing(stacklevel: int = 2) -> None:
     import warnings
 
     from .registry import NanoPatchWarning
-    from .vision import extension
+    from .vision import native
 
-    why = extension.missing()
+    why = native.missing()
     if why is not None:
         warnings.warn(f"nano-patch: resize and colour transforms run PIL's own code, exact but slower: {why}.",
                       NanoPatchWarning, stacklevel=stacklevel + 1)

@@ -390,7 +390,7 @@ def test_samples_left_to_python_are_counted_with_why(patched, photos, tmp_path):
 def test_a_jpeg_not_decoded_yet_renders_its_first_crop_as_stock(patched, photos, tmp_path, monkeypatch, region):
     """The batch path's JPEG window: the first crop decoded alone (libjpeg-turbo), or, where that is refused, the
     whole file decoded first, as ``pixels.JpegPixels`` does."""
-    from nano_patch.vision import decode, native
+    from nano_patch.vision import decode, native, native_kernels
 
     path = tmp_path / "p.jpg"
     photos[0].save(path, quality=90)
@@ -398,8 +398,8 @@ def test_a_jpeg_not_decoded_yet_renders_its_first_crop_as_stock(patched, photos,
     size = decode.jpeg_size(data)
     if region == "refused: the whole file":
         def refuse(*args, **kwargs):
-            raise native.JpegRegionError("refused")
-        monkeypatch.setattr(native, "decode_jpeg_region", refuse)
+            raise native_kernels.JpegRegionError("refused")
+        monkeypatch.setattr(native_kernels, "decode_jpeg_region", refuse)
     elif not native.available("crop_decode"):
         pytest.skip("crop decoding is not built here")
     tf = PIPELINES["pets"]()

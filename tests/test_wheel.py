@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nano_patch.vision import native
+from nano_patch.vision import native, native_checks
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Set by scripts/check-wheel to the installed package's site folder. Read once here: the suite's autouse
@@ -56,9 +56,8 @@ def test_the_kernels_choose_the_instruction_set_this_cpu_has():
     want = _cpu_isa()
     if want is None:
         pytest.skip("no x86 CPU flags here")
-    from nano_patch.vision import extension
 
-    assert extension.load().best_isa() == want
+    assert native.load_extension().best_isa() == want
 
 
 @needs_compiler
@@ -73,7 +72,7 @@ def test_a_stable_abi_build_is_abi3_and_exact(tmp_path, monkeypatch):
     spec = importlib.util.spec_from_file_location("abi3_build._native", built)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    for name, check in native.CHECKS.items():
+    for name, check in native_checks.CHECKS.items():
         if name not in native.JPEG_KERNELS:
             assert check(mod) is None, name
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .. import report
-from . import native
+from . import native, native_checks, native_kernels
 from .batch_slots import mark_slot
 from .pixels import OP_CROP, OP_KERNELS, Recording, TensorTail
 
@@ -137,8 +137,9 @@ def runner_tail_of(tail: TensorTail) -> tuple[int, Any] | str:
 
 
 def _settings() -> tuple[int, int, int, int]:
-    order_rule, weights = native.resample_variant
-    return order_rule, weights, native.grey_mode, native.saturation_mode
+    found = native_checks.found
+    order_rule, weights = found.resample
+    return order_rule, weights, found.grey, found.saturation
 
 
 def _own_output(job: NativeRun) -> tuple[np.ndarray, Any]:
@@ -214,7 +215,7 @@ def run_file(job: NativeRun, path: Any, size: tuple[int, int]) -> Any:
     window = _starts_with_crop(job.records)
     records = _window_first(job.records, size)
     out, tensor = _output(job)
-    got = mod.run_ops_file(api, path, size, (True, native.crop_multiscan()), _FILE_MAX_BYTES, records, job.kind,
+    got = mod.run_ops_file(api, path, size, (True, native_kernels.crop_multiscan()), _FILE_MAX_BYTES, records, job.kind,
                            job.table, out, job.shape, _settings())
     if got is True:
         if report.stats is not None:
@@ -236,8 +237,8 @@ def run_jpeg(job: NativeRun, data: bytes, size: tuple[int, int], path: Any) -> A
     if first is not None and first[0] == OP_CROP:
         _, top, left, height, width = first[:5]
         try:
-            region = native.decode_jpeg_region(data, top, left, height, width)
-        except (native.NativeUnavailable, native.JpegRegionError):
+            region = native_kernels.decode_jpeg_region(data, top, left, height, width)
+        except (native.NativeUnavailable, native_kernels.JpegRegionError):
             pass  # the whole file, as without crop decoding: its own rules, its own errors
         else:
             if report.stats is not None:
@@ -401,7 +402,7 @@ def native_batch(jobs: list[NativeRun | None], sources: list[Any]) -> NativeBatc
             records = _window_first(records, source[1])
         items.append((source, records, job.offset))  # type: ignore[union-attr]
     handle = mod.prepare_batch(api, items, first.kind, first.table, first.flat, first.shape, _settings(),
-                               (True, native.crop_multiscan()), _FILE_MAX_BYTES)
+                               (True, native_kernels.crop_multiscan()), _FILE_MAX_BYTES)
     return NativeBatch(handle, jobs)  # type: ignore[arg-type]
 
 

@@ -231,11 +231,11 @@ class JpegPixels(Pixels):
         h, w = self.shape
         if (not self._decoded() and self.resize is None and not self.flip and top >= 0 and left >= 0
                 and height > 0 and width > 0 and top + height <= h and left + width <= w):
-            from . import native
+            from . import native, native_kernels
 
             try:
-                region = native.decode_jpeg_region(self.data, top, left, height, width)
-            except (native.NativeUnavailable, native.JpegRegionError):
+                region = native_kernels.decode_jpeg_region(self.data, top, left, height, width)
+            except (native.NativeUnavailable, native_kernels.JpegRegionError):
                 pass  # the whole file, as without crop decoding: its own rules, its own errors
             else:
                 self.base, self.owned = region, True
@@ -364,9 +364,9 @@ _filters: dict[int, str] | None = None
 def native_filters() -> dict[int, str]:
     global _filters
     if _filters is None:
-        from . import native  # (imported late: native's checks import this module's neighbours)
+        from . import native_kernels
 
-        _filters = native.FILTERS
+        _filters = native_kernels.FILTERS
     return _filters
 
 

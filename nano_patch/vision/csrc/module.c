@@ -3,7 +3,7 @@
  * Images come in through the buffer protocol (NumPy arrays, any row stride, packed pixels) and go
  * out into buffers the caller allocated. Arguments are checked here and the GIL is released while
  * a kernel runs. The instruction set is chosen once from the CPU's features; ``set_isa`` narrows
- * it (for tests and benchmarks). The Python side (native.py) checks every kernel against the
+ * it (for tests and benchmarks). The Python side (native.py, native_checks.py) checks every kernel against the
  * installed PIL before it is used.
  */
 #define PY_SSIZE_T_CLEAN
