@@ -6,7 +6,7 @@ a flip waiting through a resize, colour and grey ops, a vertical flip after all 
 timm's) on RGB and grey images, and every pipeline the v1, v2 and timm step runners and policies produce: stock
 runs on the PIL image; the patched side draws on a ``Recording`` of the same size (stock's draws, compared on
 every generator), then renders natively. Samples whose ops the runner leaves to Python must say why, and still
-equal stock through ``pixels.render``. The batch tensor the tails write into equals ``default_collate`` of stock's
+equal stock through ``recording.render``. The batch tensor the tails write into equals ``default_collate`` of stock's
 samples in values, dtype, shape and strides, and ``default_collate`` takes it as it is.
 """
 

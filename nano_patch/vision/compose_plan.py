@@ -36,20 +36,10 @@ from typing import Any
 from PIL import Image
 
 from .. import report
-from . import pixels as P
 from . import tensor_tail
 from .image import FastImage
-from .pixels import (  # noqa: F401 - the plan's public names, where callers have always found them
-    DecodeFailed,
-    JpegPixels,
-    LeftPlan,
-    NotSplittable,
-    Pixels,
-    Recording,
-    RenderFailed,
-    UseStock,
-    render,
-)
+from .pixel_ops import RenderFailed, TensorTail  # noqa: F401 - (RenderFailed) where the batch loader finds it
+from .pixels import DecodeFailed, JpegPixels, LeftPlan, Pixels, UseStock  # noqa: F401 - the same
 from .policies import (  # noqa: F401 - tests reach the policies' ops through the plan
     POLICY_METHODS,
     configure_v2,
@@ -63,6 +53,7 @@ from .policies import (  # noqa: F401 - tests reach the policies' ops through th
     run_v2_policy,
     v2_op,
 )
+from .recording import NotSplittable, Recording, render  # noqa: F401 - (render) the same
 from .steps import (
     NATIVE_DRAWS,
     run_center_crop,
@@ -108,13 +99,6 @@ _CLASSES: dict[str, type] = {}
 
 def configure(transforms: Any) -> None:
     """Record torchvision's classes and their stock methods (called by the patch when it applies)."""
-    import torch
-    from torchvision.transforms import functional
-
-    from .. import sysinfo
-
-    P.stock_F, P.stock_torch = functional, torch
-    P.GREY_BY_POSITION = sysinfo.pillow_is_simd()
     _STOCK_METHODS.clear()
     _CLASSES.clear()
     others = {name for module, name in _OTHERS if module != "timm.data.auto_augment"} | {
@@ -320,7 +304,7 @@ def _record_tail(x: Recording, tail: Tail, uint8: bool, last: bool) -> Recording
     shared = x.shared
     end = shared.get(key) if shared is not None else None
     if end is None:
-        end = P.TensorTail(*key)
+        end = TensorTail(*key)
         if shared is not None:
             shared[key] = end
     if not end.to_bytes and end.table is None:

@@ -1,6 +1,6 @@
 """A plan's draws as a program: each sample's native run made straight from its native draws.
 
-The draw step of a batch (``batch_loader.py``) runs each sample's Compose on a :class:`pixels.Recording`: every
+The draw step of a batch (``batch_loader.py``) runs each sample's Compose on a :class:`recording.Recording`: every
 step's runner makes its draws, then writes its operations down as typed ops, which ``oprunner.prepare`` turns into
 the op runner's records. That generality costs 10-15 us of Python per sample, all of it holding the GIL. Most
 pipelines are a few known steps in a row (RandomResizedCrop, flips, ColorJitter, Resize, CenterCrop, RandomCrop,
@@ -29,8 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from . import compose_call, compose_plan, oprunner, steps
-from . import pixels as P
+from . import compose_call, compose_plan, oprunner, steps, stock
+from . import pixel_ops as P
+from .native_kernels import FILTERS
+from .pixels import UseStock, grey_by_position
+from .recording import NotSplittable
 
 #: the records every flip shares (they have no parameters)
 _HFLIP_RECORD = P.HFLIP.record
@@ -109,7 +112,7 @@ def bind(compose: Any, draws: Any, shared: dict[Any, Any] | None) -> Program | N
         return None
     try:
         bound = _bind(compose_plan.plan_for(compose), draws, shared, spec is not None)
-    except (P.UseStock, P.NotSplittable, TypeError, ValueError, AttributeError):
+    except (UseStock, NotSplittable, TypeError, ValueError, AttributeError):
         return None
     if bound is None or oprunner.why_not_native(bound.codes):
         return None
@@ -164,8 +167,8 @@ def _tensor_tail(tail: compose_plan.Tail, uint8: bool, shared: dict[Any, Any] | 
 
 def _checked_filter(interpolation: Any) -> int:
     f = steps.pil_filter(interpolation)
-    if f not in P.native_filters():
-        raise P.UseStock  # a resize the op runner does not make (nearest): the plan's path
+    if f not in FILTERS:
+        raise UseStock  # a resize the op runner does not make (nearest): the plan's path
     return f
 
 
@@ -174,13 +177,13 @@ def _make_resize_to(size: Any, interpolation: Any, max_size: Any, antialias: Any
     """``steps._resize_to``'s checks, once; per sample, its resize record (or nothing where the size stays)."""
     f = _checked_filter(interpolation)
     if antialias is False:
-        raise P.UseStock
+        raise UseStock
     request = steps.size_request(size)
     if max_size is not None and (len(request) != 1 or not isinstance(max_size, int) or max_size <= request[0]):
-        raise P.UseStock
+        raise UseStock
     codes.add(P.OP_RESIZE)
     fixed = tuple(request) if len(request) == 2 and max_size is None else None
-    compute = P.stock_F._compute_resized_output_size
+    compute = stock.functional()._compute_resized_output_size
 
     def resize(hw: tuple[int, int], records: list[Any]) -> tuple[int, int] | None:
         out = fixed if fixed is not None else tuple(compute(hw, request, max_size))
@@ -210,7 +213,7 @@ def _random_resized_crop(t: Any, draws: Any, codes: set[int]) -> Step:
     scale, ratio = t.scale, t.ratio
     lr = torch_draws.log_ratio(ratio)
     if lr is None:
-        raise P.UseStock
+        raise UseStock
     lr0, lr1 = lr
     fn, fused = draws.kernel.draws_resized_crop, draws.fused
     codes.add(P.OP_CROP)
@@ -236,7 +239,7 @@ def _center_crop(t: Any, draws: Any, codes: set[int]) -> Step:
     elif isinstance(size, (tuple, list)) and len(size) == 1:
         size = (size[0], size[0])
     if not (isinstance(size, (tuple, list)) and len(size) == 2 and all(type(v) is int and v > 0 for v in size)):
-        raise P.UseStock
+        raise UseStock
     crop_h, crop_w = size
     codes.add(P.OP_CROP)
 
@@ -255,7 +258,7 @@ def _random_crop(t: Any, draws: Any, codes: set[int]) -> Step:
     size = t.size
     if t.padding is not None or not (isinstance(size, (tuple, list)) and len(size) == 2
                                      and all(type(v) is int for v in size)):
-        raise P.UseStock
+        raise UseStock
     pad_if_needed = t.pad_if_needed
     fn = draws.kernel.draws_crop
     codes.add(P.OP_CROP)
@@ -292,8 +295,8 @@ def _flip(record: tuple[Any, ...], code: int) -> Callable[[Any, Any, set[int]], 
 
 def _color_jitter(t: Any, draws: Any, codes: set[int]) -> Step:
     ranges = (t.brightness, t.contrast, t.saturation, t.hue)
-    if P.GREY_BY_POSITION and (ranges[1] is not None or ranges[2] is not None):
-        raise P.UseStock  # pillow-simd's grey depends on the pixel's place: the Python path
+    if grey_by_position() and (ranges[1] is not None or ranges[2] is not None):
+        raise UseStock  # pillow-simd's grey depends on the pixel's place: the Python path
     fn, fused = draws.kernel.draws_jitter, draws.fused
     codes.update(code for code, r in zip(_JITTER_CODES, ranges) if r is not None)
     plain = P.plain_factor

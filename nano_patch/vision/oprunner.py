@@ -1,12 +1,12 @@
 """A sample's recorded operations as one native call: the op runner (``csrc/oplist.c``).
 
-A batch's draw writes each sample's pixel operations down as typed ops (``pixels.Recording``). Where every op of
+A batch's draw writes each sample's pixel operations down as typed ops (``recording.Recording``). Where every op of
 a sample has a native record (crop, resize, flips, ColorJitter's operations, grey, per-value point ops,
 sharpness) and the recording ends in the plan's tensor tail, the render makes them all, and the tail, in one call
 of the extension with the GIL released once, on the decoded array or the cache's view. The kernels are the ones
 the Python path calls (each checked against the installed PIL before use), called in the same order with the same
 deferred geometry, so the pixels are the Python path's, and so stock's, bit for bit. Anything else (a user's
-Lambda, a histogram op, a warp, a recording ending in an image) keeps the Python path (``pixels.render``), and
+Lambda, a histogram op, a warp, a recording ending in an image) keeps the Python path (``recording.render``), and
 the run report counts those samples and says why.
 
 Where every sample of a batch runs here and ends in the same shape and dtype, the tails write straight into the
@@ -26,7 +26,8 @@ import numpy as np
 from .. import report
 from . import native, native_checks, native_kernels
 from .batch_slots import mark_slot
-from .pixels import OP_CROP, OP_KERNELS, Recording, TensorTail
+from .pixel_ops import OP_CROP, OP_KERNELS, RenderFailed, TensorTail
+from .recording import Recording
 
 _code = operator.itemgetter(0)  # a record's op code
 
@@ -247,8 +248,6 @@ def run_jpeg(job: NativeRun, data: bytes, size: tuple[int, int], path: Any) -> A
             return run(rest, region)
     a = decode.decode_rgb(path, data=data, checked=True)
     if a.shape[:2] != tuple(size):
-        from .pixels import RenderFailed
-
         raise RenderFailed("the decode's size is not the header's")
     return run(job, a)
 

@@ -2,7 +2,7 @@
 
 Each runs the transform's own draws (its ``get_params``, ``torch.rand``) in stock's order, checks what it takes
 before any draw (``UseStock`` otherwise: the transform then runs stock code), and makes its pixel operations on
-:class:`pixels.Pixels` (or writes them down on a :class:`pixels.Recording`). As torchvision's ``get_params``
+:class:`pixels.Pixels` (or writes them down on a :class:`recording.Recording`). As torchvision's ``get_params``
 is to its ``functional``, these are to ``pixels.py``: what to do, drawn; not how.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import functional as K
-from . import pixels as P
+from . import stock
 from .pixels import JITTER, Pixels, UseStock
 
 
@@ -34,16 +34,17 @@ def _drawn(px: Pixels, native: Callable[[Any], Any], stock: Callable[[], Any]) -
 
 def pil_filter(interpolation: Any) -> int:
     """PIL's filter number for a transform's ``interpolation``, as ``F.resize`` maps it."""
+    F = stock.functional()
     mode = interpolation
-    if not isinstance(mode, P.stock_F.InterpolationMode):
+    if not isinstance(mode, F.InterpolationMode):
         if isinstance(mode, int) and not isinstance(mode, bool):
             try:
-                mode = P.stock_F._interpolation_modes_from_int(mode)
+                mode = F._interpolation_modes_from_int(mode)
             except (KeyError, ValueError) as exc:
                 raise UseStock from exc
         else:
             raise UseStock
-    f = P.stock_F.pil_modes_mapping.get(mode)
+    f = F.pil_modes_mapping.get(mode)
     if f not in K.ARRAY_RESIZE_FILTERS:
         raise UseStock
     return int(f)
@@ -75,7 +76,7 @@ def _resize_to(px: Pixels, size: Any, interpolation: Any, max_size: Any, antiali
         raise UseStock
     h, w = px.hw
     # both sides given: stock's _compute_resized_output_size returns them as they are
-    out = request if len(request) == 2 and max_size is None else P.stock_F._compute_resized_output_size(
+    out = request if len(request) == 2 and max_size is None else stock.functional()._compute_resized_output_size(
         (h, w), request, max_size)
     if [h, w] == out:
         return
@@ -139,7 +140,7 @@ def run_random_crop(t: Any, px: Pixels) -> None:
 
 def _below(px: Pixels, p: Any) -> bool:
     """Stock's ``torch.rand(1) < p``."""
-    return bool(_drawn(px, lambda d: d.below(p), lambda: P.stock_torch.rand(1) < p))
+    return bool(_drawn(px, lambda d: d.below(p), lambda: stock.torch().rand(1) < p))
 
 
 def run_hflip(t: Any, px: Pixels) -> None:
