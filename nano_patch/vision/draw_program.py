@@ -22,7 +22,6 @@ take, ``--report``'s per-step counts, pillow-simd's grey) gives no program: the 
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -165,22 +164,12 @@ def _tensor_tail(tail: compose_plan.Tail, uint8: bool, shared: dict[Any, Any] | 
 # --- the steps: each checks what its runner checks before any draw, once per run ----------------------------
 
 
-def _checked_filter(interpolation: Any) -> int:
-    f = steps.pil_filter(interpolation)
-    if f not in FILTERS:
-        raise UseStock  # a resize the op runner does not make (nearest): the plan's path
-    return f
-
-
 def _make_resize_to(size: Any, interpolation: Any, max_size: Any, antialias: Any,
                     codes: set[int]) -> Callable[[tuple[int, int], list[Any]], tuple[int, int] | None]:
-    """``steps._resize_to``'s checks, once; per sample, its resize record (or nothing where the size stays)."""
-    f = _checked_filter(interpolation)
-    if antialias is False:
-        raise UseStock
-    request = steps.size_request(size)
-    if max_size is not None and (len(request) != 1 or not isinstance(max_size, int) or max_size <= request[0]):
-        raise UseStock
+    """``steps.resize_arguments``' checks, once; per sample, its resize record (or nothing where the size stays)."""
+    f, request = steps.resize_arguments(size, interpolation, max_size, antialias)
+    if f not in FILTERS:
+        raise UseStock  # a resize the op runner does not make (nearest): the plan's path
     codes.add(P.OP_RESIZE)
     fixed = tuple(request) if len(request) == 2 and max_size is None else None
     compute = stock.functional()._compute_resized_output_size
@@ -233,38 +222,27 @@ def _resize(t: Any, draws: Any, codes: set[int]) -> Step:
 
 
 def _center_crop(t: Any, draws: Any, codes: set[int]) -> Step:
-    size = t.size
-    if isinstance(size, numbers.Number):
-        size = (int(size), int(size))  # type: ignore[call-overload]
-    elif isinstance(size, (tuple, list)) and len(size) == 1:
-        size = (size[0], size[0])
-    if not (isinstance(size, (tuple, list)) and len(size) == 2 and all(type(v) is int and v > 0 for v in size)):
-        raise UseStock
-    crop_h, crop_w = size
+    size = steps.center_crop_size(t.size)
     codes.add(P.OP_CROP)
+    box_of = steps.center_crop_box
 
     def step(st: np.ndarray, hw: tuple[int, int], records: list[Any]) -> tuple[int, int] | None:
-        h, w = hw
-        if crop_w > w or crop_h > h:
-            return None  # stock pads first
-        if not _crop(records, hw, int(round((h - crop_h) / 2.0)), int(round((w - crop_w) / 2.0)), crop_h, crop_w):
-            return None
-        return (crop_h, crop_w)
+        box = box_of(hw, size)
+        if box is None or not _crop(records, hw, *box):
+            return None  # (stock pads first)
+        return size
 
     return step
 
 
 def _random_crop(t: Any, draws: Any, codes: set[int]) -> Step:
-    size = t.size
-    if t.padding is not None or not (isinstance(size, (tuple, list)) and len(size) == 2
-                                     and all(type(v) is int for v in size)):
-        raise UseStock
-    pad_if_needed = t.pad_if_needed
+    size = steps.random_crop_size(t)
+    pads = steps.random_crop_pads
     fn = draws.kernel.draws_crop
     codes.add(P.OP_CROP)
 
     def step(st: np.ndarray, hw: tuple[int, int], records: list[Any]) -> tuple[int, int] | None:
-        if pad_if_needed and (hw[1] < size[1] or hw[0] < size[0]):
+        if pads(t, hw):
             return None
         got = fn(st, hw[0], hw[1], size)
         if got is None or not _crop(records, hw, *got):
@@ -299,7 +277,7 @@ def _color_jitter(t: Any, draws: Any, codes: set[int]) -> Step:
         raise UseStock  # pillow-simd's grey depends on the pixel's place: the Python path
     fn, fused = draws.kernel.draws_jitter, draws.fused
     codes.update(code for code, r in zip(_JITTER_CODES, ranges) if r is not None)
-    plain = P.plain_factor
+    plain, hue_record = P.plain_factor, P.hue_record
 
     def step(st: np.ndarray, hw: tuple[int, int], records: list[Any]) -> tuple[int, int] | None:
         got = fn(st, *ranges, fused)
@@ -313,9 +291,10 @@ def _color_jitter(t: Any, draws: Any, codes: set[int]) -> Step:
             if f is None:
                 return None
             if fn_id == 3:
-                if not -0.5 <= f <= 0.5:
+                hue = hue_record(f)
+                if hue is None:
                     return None  # stock raises: the plan's path gets there
-                records.append((P.OP_HUE, int(f * 255) & 0xFF, 0, 0, 0, 0.0, None))
+                records.append(hue)
             else:
                 records.append((_JITTER_CODES[fn_id], 0, 0, 0, 0, f, None))
         return hw

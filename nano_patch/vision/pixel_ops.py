@@ -124,6 +124,16 @@ def plain_factor(factor: Any) -> float | None:
     return float(factor)
 
 
+def hue_record(factor: float) -> Record | None:
+    """The op runner's record of ``adjust_hue`` by the plain ``factor``; None where stock raises (outside
+    [-0.5, 0.5])."""
+    if not -0.5 <= factor <= 0.5:
+        return None
+    # torchvision's own expression, np.int32(f * 255).astype(np.uint8), in integers: a float32 truncated toward
+    # zero, then wrapped to a byte (|f * 255| <= 127.5 here)
+    return (OP_HUE, int(factor * 255) & 0xFF, 0, 0, 0, 0.0, None)
+
+
 class Colour(Op):
     """One of ColorJitter's operations (``JITTER``: brightness, contrast, saturation, hue) with its factor."""
 
@@ -138,11 +148,8 @@ class Colour(Op):
         elif code in (OP_CONTRAST, OP_SATURATION) and grey_by_position():
             self._native(None, f"{op[1]} under pillow-simd (its grey depends on the pixel's place)")
         elif code == OP_HUE:
-            if not -0.5 <= f <= 0.5:
-                self._native(None, f"adjust_hue with factor {factor!r} (stock raises)")
-            else:  # torchvision's own expression, np.int32(f * 255).astype(np.uint8), in integers: a float32
-                # truncated toward zero, then wrapped to a byte (|f * 255| <= 127.5 here)
-                self._native((OP_HUE, int(f * 255) & 0xFF, 0, 0, 0, 0.0, None))
+            record = hue_record(f)
+            self._native(record, "" if record is not None else f"adjust_hue with factor {factor!r} (stock raises)")
         else:
             self._native((code, 0, 0, 0, 0, f, None))
 
