@@ -170,7 +170,16 @@ class Patch:
     #: distribution name -> PEP 440 range this patch was tested with.
     requires: ClassVar[dict[str, str]]
 
-    def __init__(self) -> None:
+    def __init__(self, target: str | None = None, name: str | None = None,
+                 requires: dict[str, str] | None = None) -> None:
+        """``target``, ``name``, ``requires``: this instance's own, for a patch class made once per target (each of
+        Lightning's namespaces); else the class's."""
+        if target is not None:
+            self.target = target  # type: ignore[misc]
+        if name is not None:
+            self.name = name  # type: ignore[misc]
+        if requires is not None:
+            self.requires = requires  # type: ignore[misc]
         self.record = AttributeRecord()
         self.applied = False
         self.skipped: str | None = None

@@ -32,11 +32,8 @@ class LightningTrainerPatch(Patch):
     requires: ClassVar[dict[str, str]]
 
     def __init__(self, namespace: str) -> None:
-        super().__init__()
-        self.target = namespace  # type: ignore[misc]
-        self.name = f"trainer[{namespace}]"  # type: ignore[misc]
         dist = "pytorch-lightning" if namespace == "pytorch_lightning" else "lightning"
-        self.requires = {dist: ">=2.4,<2.7"}  # type: ignore[misc]
+        super().__init__(namespace, f"trainer[{namespace}]", {dist: ">=2.4,<2.7"})
         self._registered: list[tuple[dict[str, Any], str]] = []
 
     def check_internals(self, module: ModuleType) -> str | None:

@@ -228,10 +228,17 @@ static void take_items(void *arg) {
     }
 }
 
+/* The batch a capsule holds (PyArg_ParseTuple's "O&" converter: 1, or 0 with an exception set). */
+static int batch_arg(PyObject *capsule, void *out) {
+    op_batch *b = PyCapsule_GetPointer(capsule, OP_BATCH_CAPSULE);
+    *(op_batch **)out = b;
+    return b != NULL;
+}
+
 /* run_batch(batch): take samples until none is left, the GIL released; returns how many this call ran. */
 static PyObject *py_run_batch(PyObject *self, PyObject *capsule) {
-    op_batch *b = PyCapsule_GetPointer(capsule, OP_BATCH_CAPSULE);
-    if (!b)
+    op_batch *b;
+    if (!batch_arg(capsule, &b))
         return NULL;
     shared_run run = {b, 0};
     Py_BEGIN_ALLOW_THREADS
@@ -244,12 +251,9 @@ static PyObject *py_run_batch(PyObject *self, PyObject *capsule) {
  * caller and native helpers, helpers.c), the GIL released once; returns how many threads ran and samples this call
  * took (every sample left, unless another run_batch takes some meanwhile). */
 static PyObject *py_run_batch_on(PyObject *self, PyObject *args) {
-    PyObject *capsule;
+    op_batch *b;
     int n_threads;
-    if (!PyArg_ParseTuple(args, "Oi:run_batch_on", &capsule, &n_threads))
-        return NULL;
-    op_batch *b = PyCapsule_GetPointer(capsule, OP_BATCH_CAPSULE);
-    if (!b)
+    if (!PyArg_ParseTuple(args, "O&i:run_batch_on", batch_arg, &b, &n_threads))
         return NULL;
     if (n_threads < 1) {
         PyErr_SetString(PyExc_ValueError, "run_batch_on: n_threads must be at least 1");
@@ -271,8 +275,8 @@ static PyObject *py_helpers_started(PyObject *self, PyObject *noargs) {
 
 /* batch_done(batch) -> bytes: per sample, 1 where it was written to its slot, else 0 (ask batch_result). */
 static PyObject *py_batch_done(PyObject *self, PyObject *capsule) {
-    op_batch *b = PyCapsule_GetPointer(capsule, OP_BATCH_CAPSULE);
-    if (!b)
+    op_batch *b;
+    if (!batch_arg(capsule, &b))
         return NULL;
     PyObject *out = PyBytes_FromStringAndSize(NULL, b->n);
     if (!out)
@@ -287,12 +291,9 @@ static PyObject *py_batch_done(PyObject *self, PyObject *capsule) {
  * False (its file not read, or never taken); raises what run_ops raises for its ops. Call once every run_batch
  * call has returned. */
 static PyObject *py_batch_result(PyObject *self, PyObject *args) {
-    PyObject *capsule;
+    op_batch *b;
     Py_ssize_t k;
-    if (!PyArg_ParseTuple(args, "On:batch_result", &capsule, &k))
-        return NULL;
-    op_batch *b = PyCapsule_GetPointer(capsule, OP_BATCH_CAPSULE);
-    if (!b)
+    if (!PyArg_ParseTuple(args, "O&n:batch_result", batch_arg, &b, &k))
         return NULL;
     if (k < 0 || k >= b->n) {
         PyErr_SetString(PyExc_IndexError, "batch_result: no such sample");
