@@ -108,3 +108,25 @@ def _owners(patch, module):
     owners = {id(e.owner): e.owner for e in p2.record.entries()}
     p2.revert()
     return list(owners.values())
+
+
+def test_registry_entries_go_through_the_patch_s_record_and_back(monkeypatch):
+    """The DataLoader patch's entries in torch's own collate registry (the batch tensor's collation, the erasers'
+    draws) are made through its record, and its revert takes them out again: every entry the very object it was."""
+    import torch
+    from torch.utils.data._utils import collate as torch_collate
+
+    from nano_patch.data import collate, finish_tail
+    from nano_patch.registry import AttributeRecord
+    from nano_patch.vision.tensor_tail import ErasedImage
+
+    fn_map = torch_collate.default_collate_fn_map
+    monkeypatch.delitem(fn_map, ErasedImage, raising=False)  # (a worker's registration, made without a record)
+    before = dict(fn_map)
+    record = AttributeRecord()
+    collate.install(record)
+    finish_tail.register_collate(record)
+    assert fn_map[torch.Tensor] is collate.collate_tensor and fn_map[ErasedImage] is finish_tail.collate_erased
+    assert [e.item for e in record.entries()] == [True, True]
+    record.restore()
+    assert fn_map.keys() == before.keys() and all(fn_map[k] is v for k, v in before.items())
