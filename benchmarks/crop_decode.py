@@ -121,7 +121,7 @@ def runners(files: list[bytes], wins: list[Window]) -> dict[str, Callable[[int],
     """Per column, a function decoding file ``k`` of the case the column's way."""
     import simplejpeg
 
-    from nano_patch.vision import native
+    from nano_patch.vision import native_kernels
 
     sizes = [simplejpeg.decode_jpeg_header(d)[:2] for d in files]
 
@@ -129,11 +129,11 @@ def runners(files: list[bytes], wins: list[Window]) -> dict[str, Callable[[int],
         simplejpeg.decode_jpeg(files[k], colorspace="RGB")
 
     def full_system(k: int) -> None:
-        native.decode_jpeg_region(files[k], 0, 0, *sizes[k])
+        native_kernels.decode_jpeg_region(files[k], 0, 0, *sizes[k])
 
     def crop(check_rest: bool) -> Callable[[int], None]:
         def run(k: int) -> None:
-            native.decode_jpeg_region(files[k], *wins[k], check_rest=check_rest)
+            native_kernels.decode_jpeg_region(files[k], *wins[k], check_rest=check_rest)
         return run
 
     return {"full": full, "full, system libjpeg": full_system, "crop": crop(True),
@@ -144,12 +144,12 @@ def verify(files: list[bytes], wins: list[Window]) -> None:
     import numpy as np
     import simplejpeg
 
-    from nano_patch.vision import native
+    from nano_patch.vision import native_kernels
 
     for d, (t, left, h, w) in zip(files, wins):
         want = simplejpeg.decode_jpeg(d, colorspace="RGB")[t:t + h, left:left + w]
         for check_rest in (True, False):
-            if not np.array_equal(native.decode_jpeg_region(d, t, left, h, w, check_rest=check_rest), want):
+            if not np.array_equal(native_kernels.decode_jpeg_region(d, t, left, h, w, check_rest=check_rest), want):
                 raise SystemExit(f"crop decode differs from the full decode: window {(t, left, h, w)}")
 
 
@@ -159,16 +159,17 @@ def split(files: list[bytes], wins: list[Window], rounds: int) -> dict[str, floa
     window itself (stopping after it) adds its rows; the check of the rest adds the rows below."""
     import simplejpeg
 
-    from nano_patch.vision import native
+    from nano_patch.vision import native_kernels
 
     sizes = [simplejpeg.decode_jpeg_header(d)[:2] for d in files]
     parts = {
-        "setup": lambda d, t, left, h, w, H, W: native.decode_jpeg_region(d, 0, 0, 1, 1, check_rest=False),
-        "to window top": lambda d, t, left, h, w, H, W: native.decode_jpeg_region(d, t, left, 1, w, check_rest=False),
-        "to window bottom": lambda d, t, left, h, w, H, W: native.decode_jpeg_region(d, t, left, h, w,
+        "setup": lambda d, t, left, h, w, H, W: native_kernels.decode_jpeg_region(d, 0, 0, 1, 1, check_rest=False),
+        "to window top": lambda d, t, left, h, w, H, W: native_kernels.decode_jpeg_region(d, t, left, 1, w,
+                                                                                           check_rest=False),
+        "to window bottom": lambda d, t, left, h, w, H, W: native_kernels.decode_jpeg_region(d, t, left, h, w,
                                                                                      check_rest=False),
-        "to image end": lambda d, t, left, h, w, H, W: native.decode_jpeg_region(d, t, left, h, w),
-        "entropy of all rows": lambda d, t, left, h, w, H, W: native.decode_jpeg_region(d, H - 1, W - 1, 1, 1,
+        "to image end": lambda d, t, left, h, w, H, W: native_kernels.decode_jpeg_region(d, t, left, h, w),
+        "entropy of all rows": lambda d, t, left, h, w, H, W: native_kernels.decode_jpeg_region(d, H - 1, W - 1, 1, 1,
                                                                                          check_rest=False),
         "full": lambda d, t, left, h, w, H, W: simplejpeg.decode_jpeg(d, colorspace="RGB"),
     }

@@ -31,7 +31,7 @@ def _calls():
     from sklearn.datasets import load_sample_image
 
     from nano_patch.vision import functional as K
-    from nano_patch.vision import native
+    from nano_patch.vision import native, native_kernels
 
     photo = np.ascontiguousarray(Image.fromarray(load_sample_image("china.jpg")).resize((500, 375)))
     data = simplejpeg.encode_jpeg(photo, quality=90)
@@ -47,7 +47,7 @@ def _calls():
         "ToTensor + Normalize table": lambda: K.image_through_tables(photo, table),
     }
     if native.available("crop_decode"):
-        calls["crop decode 300x200 window"] = lambda: native.decode_jpeg_region(data, 50, 60, 200, 300)
+        calls["crop decode 300x200 window"] = lambda: native_kernels.decode_jpeg_region(data, 50, 60, 200, 300)
     return calls
 
 

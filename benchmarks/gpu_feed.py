@@ -75,14 +75,14 @@ class Indices(Dataset):
 
 deferred = [0]
 if cfg["mode"] == "patched":
-    from nano_patch.data import device_tail
-    real_to = device_tail.DeferredImages.to
+    from nano_patch.data import finish_tail
+    real_to = finish_tail.DeferredImages.to
 
     def counted_to(self, *a, **k):
         deferred[0] += 1
         return real_to(self, *a, **k)
 
-    device_tail.DeferredImages.to = counted_to
+    finish_tail.DeferredImages.to = counted_to
 
 
 class Net(L.LightningModule):
@@ -156,8 +156,8 @@ if cfg["mode"] != "stock":
     if cfg["mode"] == "patched, tail deferred":
         # what a patched Lightning loop on CUDA gets: the loader hands over uint8 batches (the rule is tested in
         # tests/test_device_tail.py); here nothing consumes them but the loop, as the GPU would finish them
-        from nano_patch.train import device_tail
-        device_tail.why_not = lambda loader: None
+        from nano_patch.train import tail_deferral
+        tail_deferral.why_not = lambda loader: None
 import torch
 import torchvision.transforms as T
 from torchvision.datasets import ImageFolder

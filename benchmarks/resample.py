@@ -70,13 +70,13 @@ def time_column(column: str, rounds_inner: int = 7) -> dict[str, float]:
             _, k, box, size = case
             return photos[k].crop(box).resize(size, Image.BILINEAR)
     else:
-        from nano_patch.vision import native
+        from nano_patch.vision import native, native_kernels
 
         native._import().set_isa(column.split(":")[1])
 
         def run(case):
             _, k, (left, top, right, bottom), (w, h) = case
-            return native.resample(arrays[k][top:bottom, left:right], (h, w), Image.BILINEAR)
+            return native_kernels.resample(arrays[k][top:bottom, left:right], (h, w), Image.BILINEAR)
 
         for case in todo:  # equal to Pillow's, or nothing to time
             _, k, box, size = case

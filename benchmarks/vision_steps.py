@@ -91,14 +91,14 @@ def main() -> None:
     torch.set_num_threads(1)
     cv2.setNumThreads(1)
     import nano_patch
-    from nano_patch.vision import native
+    from nano_patch.vision import native_kernels
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
     from make_photo_folder import build
 
     spent: dict[str, float] = defaultdict(float)
     for name in KERNELS:  # every kernel call, timed (the wrapper costs well under a microsecond)
-        original = getattr(native, name)
+        original = getattr(native_kernels, name)
 
         def timed(*a, _f=original, _n=name, **k):
             start = time.perf_counter()
@@ -107,7 +107,7 @@ def main() -> None:
             finally:
                 spent[_n] += time.perf_counter() - start
 
-        setattr(native, name, timed)
+        setattr(native_kernels, name, timed)
 
     out: dict = {"machine": bench.machine(), "passes": args.passes, "pipelines": {}}
     with tempfile.TemporaryDirectory() as tmp:

@@ -53,7 +53,7 @@ def make_cases(path: Path) -> None:
     import torchvision.transforms as T
     from PIL import Image
 
-    from nano_patch.vision import native
+    from nano_patch.vision import native_checks
 
     F = T.functional
     sources = [Path(sklearn.__file__).parent / "datasets" / "images" / n for n in ("china.jpg", "flower.jpg")]
@@ -69,8 +69,8 @@ def make_cases(path: Path) -> None:
     rotation, affine = T.RandomRotation(30), T.RandomAffine(10, shear=(-20, 20, -10, 10))
     cases = []  # (kind, crop index, 8 coefficients)
     for k in range(len(crops)):
-        rot15 = native.rotate_data(224, 224, 15.0)[0]
-        drawn = native.rotate_data(224, 224, float(rotation.get_params(rotation.degrees)) % 360.0)[0]
+        rot15 = native_checks.rotate_data(224, 224, 15.0)[0]
+        drawn = native_checks.rotate_data(224, 224, float(rotation.get_params(rotation.degrees)) % 360.0)[0]
         angle, translations, scale, shear = affine.get_params(affine.degrees, affine.translate, affine.scale,
                                                               affine.shear, [224, 224])
         sheared = F._get_inverse_affine_matrix([112.0, 112.0], angle, list(translations), scale, list(shear))
@@ -108,14 +108,14 @@ def time_column(column: str, cases_path: str, rounds_inner: int = 7) -> dict[str
     if column == "pil":
         run = pil
     else:
-        from nano_patch.vision import native
+        from nano_patch.vision import native, native_kernels
 
         native._import().set_isa(column.split(":")[1])
 
         def run(case):
             kind, k, coeffs = case
             f, persp = KINDS[kind]
-            return native.warp(crops[k], (224, 224), coeffs[: 8 if persp else 6], persp, f, b"\0\0\0")
+            return native_kernels.warp(crops[k], (224, 224), coeffs[: 8 if persp else 6], persp, f, b"\0\0\0")
 
         for case in todo:  # equal to Pillow's, or nothing to time
             if not np.array_equal(np.asarray(run(case)), np.asarray(pil(case))):

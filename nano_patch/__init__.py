@@ -14,6 +14,7 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
+from . import config
 from ._version import __version__
 from .config import STARTUP_ENV, ConfigError, Options
 
@@ -75,8 +76,6 @@ def patch_torch(
     option or a bad value. A missing or unsupported target package only skips that patch, with one
     warning.
     """
-    from . import config
-
     switches = (("vision", vision), ("dataloader", dataloader), ("trainer", trainer))
     explicit = {k: v for k, v in switches if v is not None}
     explicit.update(options)
@@ -87,9 +86,10 @@ def patch_torch(
 
     report.activate_from_env()
     exit_notices.note_options(opts)
+    config.set_in_force(opts)  # before the patches apply: they read the options in force
     _get_manager().patch(opts)
     if opts.vision:
-        exit_notices.warn_if_kernels_missing(stacklevel=2)
+        _warn_if_kernels_missing(stacklevel=2)
 
 
 def _jsonable(value: Any) -> Any:
@@ -103,6 +103,7 @@ def unpatch_torch() -> None:
     os.environ.pop(STARTUP_ENV, None)
     if _manager is not None:
         _manager.unpatch()
+        config.set_in_force(None)  # after the reverts, which still see the options they were applied with
         from . import exit_notices
 
         exit_notices.forget_options()
@@ -114,12 +115,8 @@ def is_patched() -> bool:
 
 
 def options() -> Options:
-    """The options in force: those given to :func:`patch_torch`, else the environment's."""
-    if _manager is not None and _manager.options is not None:
-        return _manager.options
-    from . import config
-
-    return config.resolve({})
+    """The options in force: those given to :func:`patch_torch`, else the environment's (``config.current()``)."""
+    return config.current()
 
 
 def status() -> dict[str, Any]:
@@ -132,6 +129,28 @@ def status() -> dict[str, Any]:
             "decoded_cache": _cache_status(), "system": sysinfo.summary()}
 
 
+def _warn_if_kernels_missing(stacklevel: int = 2) -> None:
+    """The first ``patch_torch()`` of a process tree: one warning where the compiled kernels were not installed.
+
+    pip hides the build's own warning, and the wheel installs fine without them; without this line the
+    user would learn it only from ``nano-patch status``. Processes a patched run starts (ranks, workers)
+    stay quiet: their parent said it. Switching the kernels off on purpose is not warned about.
+    """
+    from . import exit_notices
+
+    if not exit_notices.first_kernel_check():
+        return
+    import warnings
+
+    from .registry import NanoPatchWarning
+    from .vision import native
+
+    why = native.missing()
+    if why is not None:
+        warnings.warn(f"nano-patch: resize and colour transforms run PIL's own code, exact but slower: {why}.",
+                      NanoPatchWarning, stacklevel=stacklevel + 1)
+
+
 def _cache_status() -> dict[str, Any]:
     try:
         from .vision import cache
@@ -140,6 +159,21 @@ def _cache_status() -> dict[str, Any]:
         return {"setting": s.mode if s.cap is None else f"on, cap {s.cap} bytes", **cache.describe(s.folder)}
     except Exception as exc:  # noqa: BLE001 - a summary never fails
         return {"setting": "?", "state": f"{type(exc).__name__}: {exc}"}
+
+
+def report_facts() -> tuple[list[dict[str, Any]], str]:
+    """What the run report needs from above ``exit_notices``: every patch's row, and the resize kernel's state."""
+    return _get_manager().status(), _resample_state()
+
+
+def _resample_state() -> str:
+    try:
+        from .vision import native
+
+        native.available("resample")  # checks this kernel only, not every one
+        return native.state()["resample"]
+    except Exception as exc:  # noqa: BLE001 - a report never fails
+        return f"PIL's code: {exc}"
 
 
 def _native_kernels() -> dict[str, str]:
@@ -152,3 +186,5 @@ def _native_kernels() -> dict[str, str]:
     except Exception as exc:  # noqa: BLE001 - a status never fails
         return {"all": f"PIL's code: {type(exc).__name__}: {exc}"}
 
+
+config.set_patcher(patch_torch)  # a spawned rank's strategy patches the rank through it (train/ranks.py)

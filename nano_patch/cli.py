@@ -129,7 +129,7 @@ def run_options(args: argparse.Namespace) -> dict[str, object]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from . import exit_notices, patch_torch
+    from . import exit_notices, patch_torch, report_facts
     from .train import ranks, shutdown
 
     rest = list(args.args)
@@ -173,7 +173,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"nano-patch run: {exc}", file=sys.stderr)
         return 2
     ranks.patched_by = "nano-patch run"
-    exit_notices.start_run(explicit, args.report)
+    exit_notices.start_run(explicit, args.report, report_facts)
     code = 0
     try:
         if args.module is not None:

@@ -280,6 +280,43 @@ def resolve(explicit: Mapping[str, Any], environ: Mapping[str, str] | None = Non
     return Options(**values)
 
 
+#: The options ``patch_torch()`` put in force, or None while nothing is patched (the package's face sets it).
+_in_force: Options | None = None
+#: What patches this process with explicit options: the face's ``patch_torch``, named here when the package is
+#: imported, so that code below the face (a spawned rank's strategy) can patch a process without importing it.
+_patcher: Callable[..., None] | None = None
+
+
+def current() -> Options:
+    """The options in force: those given to ``patch_torch()``, else the environment's (``NANO_PATCH_*``)."""
+    opts = _in_force
+    return opts if opts is not None else resolve({})
+
+
+def in_force() -> Options | None:
+    """The options ``patch_torch()`` put in force, or None where this process is not patched."""
+    return _in_force
+
+
+def set_in_force(opts: Options | None) -> None:
+    """``patch_torch()`` applies ``opts`` (None: ``unpatch_torch()`` reverted everything)."""
+    global _in_force
+    _in_force = opts
+
+
+def set_patcher(patch: Callable[..., None]) -> None:
+    """Name the function that patches this process with explicit options (the face's ``patch_torch``)."""
+    global _patcher
+    _patcher = patch
+
+
+def patch_process(explicit: Mapping[str, Any]) -> None:
+    """Patch this process with ``explicit`` options over the environment, as ``patch_torch(**explicit)`` does."""
+    if _patcher is None:
+        raise RuntimeError("nano-patch: the package is not imported, so nothing can patch this process")
+    _patcher(**explicit)
+
+
 def from_json(text: str) -> dict[str, Any]:
     """Parse the explicit arguments ``patch_torch()`` left in ``_NANO_PATCH_STARTUP`` for child processes."""
     data = json.loads(text)

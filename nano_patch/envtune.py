@@ -12,6 +12,8 @@ import os
 import shlex
 from collections.abc import Mapping, MutableMapping
 
+from . import sysinfo
+
 #: Where `nano-patch init` keeps the values it overwrote, for `nano-patch init --unset`.
 SAVED_ENV = "_NANO_PATCH_INIT_SAVED"
 
@@ -46,7 +48,7 @@ def settings() -> tuple[dict[str, str], list[str]]:
     import psutil
 
     cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
-    usable = len(os.sched_getaffinity(0))
+    usable = len(sysinfo.affinity_cpus())
     # One OpenMP thread per physical core this process may use: SMT siblings only contend for the FPUs.
     env = {"OMP_NUM_THREADS": str(min(cores, usable))}
     notes = []

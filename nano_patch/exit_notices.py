@@ -17,7 +17,7 @@ import json
 import os
 import sys
 import time
-import warnings
+from collections.abc import Callable
 from typing import Any
 
 from .config import Options
@@ -46,24 +46,14 @@ def note_options(opts: Options) -> None:
         atexit.register(_at_exit)
 
 
-def warn_if_kernels_missing(stacklevel: int = 2) -> None:
-    """The first ``patch_torch()`` of a process tree: one warning where the compiled kernels were not installed.
-
-    pip hides the build's own warning, and the wheel installs fine without them; without this line the
-    user would learn it only from ``nano-patch status``. Processes a patched run starts (ranks, workers)
-    stay quiet: their parent said it. Switching the kernels off on purpose is not warned about.
-    """
+def first_kernel_check() -> bool:
+    """Whether the compiled kernels' absence is this process's to warn about: its first ``patch_torch()``, in a
+    process the user started (processes a patched run starts, ranks and workers, stay quiet: their parent said it)."""
     global _kernels_checked
     if started_by_run or _kernels_checked:
-        return
+        return False
     _kernels_checked = True
-    from .registry import NanoPatchWarning
-    from .vision import extension
-
-    why = extension.missing()
-    if why is not None:
-        warnings.warn(f"nano-patch: resize and colour transforms run PIL's own code, exact but slower: {why}.",
-                      NanoPatchWarning, stacklevel=stacklevel + 1)
+    return True
 
 
 def forget_options() -> None:
@@ -83,10 +73,13 @@ def note_training(api: str, model: Any, precision: str, channels_last: bool) -> 
                      "channels_last": channels_last, "conv4d": conv})
 
 
-def start_run(flags: dict[str, Any], report_path: str | None) -> None:
-    """``nano-patch run`` is about to run the script with these explicit ``flags``."""
+def start_run(flags: dict[str, Any], report_path: str | None,
+              report_facts: Callable[[], tuple[list[dict[str, Any]], str]] | None = None) -> None:
+    """``nano-patch run`` is about to run the script with these explicit ``flags``. ``report_facts``: what the
+    report needs from the layers above this module (every patch's row, the resize kernel's state), asked at the end."""
     global _run
-    _run = {"start": time.monotonic(), "flags": dict(flags), "report": report_path}
+    _run = {"start": time.monotonic(), "flags": dict(flags), "report": report_path,
+            "facts": report_facts or (lambda: ([], "not asked"))}
 
 
 def is_rank_zero() -> bool:
@@ -157,21 +150,9 @@ def finish(print_notices: bool = True) -> dict[str, Any] | None:
 
 
 def _report() -> dict[str, Any]:
-    import nano_patch
-
     from . import report, sysinfo
 
     assert _run is not None
-    rows = nano_patch.status()["patches"]
+    rows, resample_state = _run["facts"]()
     return report.compose(time.monotonic() - _run["start"], rows, unused_knobs(), _trained,
-                          sysinfo.has_native_bf16(), sysinfo.pillow_is_simd(), _resample_state())
-
-
-def _resample_state() -> str:
-    try:
-        from .vision import native
-
-        native.available("resample")  # checks this kernel only, not every one
-        return native.state()["resample"]
-    except Exception as exc:  # noqa: BLE001 - a report never fails
-        return f"PIL's code: {exc}"
+                          sysinfo.has_native_bf16(), sysinfo.pillow_is_simd(), resample_state)

@@ -16,9 +16,9 @@ import sys
 import threading
 import types
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, MutableMapping
 from types import ModuleType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import wrapt
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -28,23 +28,44 @@ from .config import Options
 
 log = logging.getLogger("nano_patch")
 
-_MISSING = object()
+#: What an owner held where it held nothing.
+MISSING = object()
 
 
 class NanoPatchWarning(UserWarning):
     """A patch was skipped, or a feature will run slower than expected."""
 
 
+class Replaced(NamedTuple):
+    """One replacement a patch made: ``owner.name``, or ``owner[name]`` where ``item`` (a mapping's entry)."""
+
+    owner: Any
+    name: Any
+    #: what ``owner`` held there before (:data:`MISSING`: nothing)
+    old: Any
+    item: bool = False
+
+    def now(self) -> Any:
+        """What ``owner`` holds there now (:data:`MISSING`: nothing)."""
+        return self.owner.get(self.name, MISSING) if self.item else own_value(self.owner, self.name)
+
+
 class AttributeRecord:
-    """Every attribute a patch replaced, with what was there before."""
+    """Every attribute (or registry entry) a patch replaced, with what was there before."""
 
     def __init__(self) -> None:
-        self._entries: list[tuple[Any, str, Any]] = []
+        self._entries: list[Replaced] = []
 
     def replace(self, owner: Any, name: str, new: Any) -> None:
         """Set ``owner.name = new``, remembering what ``owner`` itself held under ``name``."""
-        self._entries.append((owner, name, own_value(owner, name)))
+        self._entries.append(Replaced(owner, name, own_value(owner, name)))
         setattr(owner, name, new)
+
+    def replace_item(self, mapping: MutableMapping[Any, Any], key: Any, new: Any) -> None:
+        """Set ``mapping[key] = new`` (a registry of torch's own, such as ``default_collate_fn_map``), remembering
+        what it held under ``key``."""
+        self._entries.append(Replaced(mapping, key, mapping.get(key, MISSING), True))
+        mapping[key] = new
 
     def redirect(self, func: types.FunctionType, impl: Callable[..., Any]) -> None:
         """Make the function object ``func`` run ``impl`` while staying the very same object.
@@ -69,12 +90,21 @@ class AttributeRecord:
     def restore(self) -> None:
         """Put every replaced attribute back, newest first."""
         while self._entries:
-            owner, name, old = self._entries.pop()
-            if old is _MISSING:
+            owner, name, old, item = self._entries.pop()
+            if item:
+                if old is MISSING:
+                    owner.pop(name, None)
+                else:
+                    owner[name] = old
+            elif old is MISSING:
                 with contextlib.suppress(AttributeError):
                     delattr(owner, name)
             else:
                 setattr(owner, name, old)
+
+    def entries(self) -> list[Replaced]:
+        """What is replaced now, oldest first."""
+        return list(self._entries)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -86,7 +116,7 @@ def own_value(owner: Any, name: str) -> Any:
         return vars(owner)[name]
     if isinstance(getattr(type(owner), name, None), (types.GetSetDescriptorType, types.MemberDescriptorType)):
         return getattr(owner, name)
-    return _MISSING
+    return MISSING
 
 
 #: trampoline code object -> the implementation it runs. Code objects compare by value, so each
@@ -140,7 +170,16 @@ class Patch:
     #: distribution name -> PEP 440 range this patch was tested with.
     requires: ClassVar[dict[str, str]]
 
-    def __init__(self) -> None:
+    def __init__(self, target: str | None = None, name: str | None = None,
+                 requires: dict[str, str] | None = None) -> None:
+        """``target``, ``name``, ``requires``: this instance's own, for a patch class made once per target (each of
+        Lightning's namespaces); else the class's."""
+        if target is not None:
+            self.target = target  # type: ignore[misc]
+        if name is not None:
+            self.name = name  # type: ignore[misc]
+        if requires is not None:
+            self.requires = requires  # type: ignore[misc]
         self.record = AttributeRecord()
         self.applied = False
         self.skipped: str | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import os
 
 
@@ -16,6 +17,41 @@ def cpu_flags() -> frozenset[str]:
     except OSError:
         pass
     return frozenset()
+
+
+def affinity_cpus() -> list[int]:
+    """The logical CPUs this process may run on: its affinity mask (which already reflects the cgroup's cpuset)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def cgroup_quota() -> float | None:
+    """CPUs the cgroup's quota allows (cgroup v2 ``cpu.max``, or v1's CFS quota), or None where unlimited."""
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") as f:
+            quota_us = int(f.read())
+        with open("/sys/fs/cgroup/cpu/cpu.cfs_period_us") as f:
+            period_us = int(f.read())
+        return None if quota_us <= 0 else quota_us / period_us
+    except (OSError, ValueError):
+        return None
+
+
+def usable_cores() -> int:
+    """Cores this process may keep busy: its affinity mask, capped by the cgroup's CPU quota (rounded up)."""
+    cores = len(affinity_cpus())
+    quota = cgroup_quota()
+    if quota is not None:
+        cores = min(cores, max(1, math.ceil(quota)))
+    return max(1, cores)
 
 
 def has_native_bf16() -> bool:
@@ -49,7 +85,7 @@ def summary() -> dict[str, object]:
     flags = cpu_flags()
     return {
         "logical_cpus": os.cpu_count(),
-        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "usable_cpus": len(affinity_cpus()),
         "physical_cores": psutil.cpu_count(logical=False),
         "avx2": "avx2" in flags,
         "avx512f": "avx512f" in flags,

@@ -137,6 +137,15 @@ def libjpeg_sources(work: Path, given: Path | None) -> Path:
     return found[0]
 
 
+def require_nasm(arch: str) -> None:
+    """Stop at once, in one line, where libjpeg-turbo's x86-64 SIMD code will need an assembler that is missing
+    (a bare Debian machine has none): before any tool is downloaded or built."""
+    if arch in ("x86_64", "AMD64") and shutil.which("nasm") is None and shutil.which("yasm") is None:
+        raise SystemExit("build-wheel: nasm is missing (libjpeg-turbo's x86-64 SIMD code needs it): install it with "
+                         "`apt-get install nasm` (Fedora: dnf install nasm; macOS: brew install nasm; Windows: choco "
+                         "install nasm), then run it again")
+
+
 def build_libjpeg(prefix: Path, src: Path, cmake: list[str], target: str, arch: str) -> Path:
     """libjpeg-turbo as a static library with its SIMD code, built by ``cmake`` (the command and its compiler
     settings) for ``target``, into ``prefix`` (include/, lib/libjpeg.a and the licence files); reused while the
@@ -155,9 +164,6 @@ def build_libjpeg(prefix: Path, src: Path, cmake: list[str], target: str, arch: 
                      "-DREQUIRE_SIMD=1"]
     if arch != platform.machine():
         cmake += ["-DCMAKE_SYSTEM_NAME=Linux", f"-DCMAKE_SYSTEM_PROCESSOR={arch}"]
-    if arch in ("x86_64", "AMD64") and shutil.which("nasm") is None and shutil.which("yasm") is None:
-        raise SystemExit("build-wheel: libjpeg-turbo's x86-64 SIMD code needs nasm (Debian/Ubuntu: apt-get install "
-                         "nasm; Fedora: dnf install nasm; macOS: brew install nasm; Windows: choco install nasm)")
     log(f"building libjpeg-turbo ({src.name}) for {target}")
     started = time.monotonic()
     run(cmake + [str(src)], cwd=build, quiet=True)
@@ -286,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--libjpeg-only", action="store_true", help="only build libjpeg-turbo, with the cmake and "
                         "C compiler already here, into OUTDIR (cibuildwheel's before-all: manylinux, macOS, Windows)")
     args = parser.parse_args(argv)
+    require_nasm(platform.machine() if args.libjpeg_only else args.arch)
     if args.libjpeg_only:
         work = args.work.resolve()
         work.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageEnhance
 
-from nano_patch.vision import extension, native
+from nano_patch.vision import native, native_checks, native_kernels
 
 FAILURES: list[str] = []
 
@@ -40,14 +40,14 @@ def every_colour() -> np.ndarray:
 def sweeps() -> None:
     colours = every_colour()
     img = Image.fromarray(colours)
-    expect(np.array_equal(native.rgb_to_l(colours), np.asarray(img.convert("L"))), "grey, every colour")
+    expect(np.array_equal(native_kernels.rgb_to_l(colours), np.asarray(img.convert("L"))), "grey, every colour")
     for factor in (0.0, 0.5, 1.7):
         want = np.asarray(ImageEnhance.Color(img).enhance(factor))
-        expect(np.array_equal(native.saturation(colours, factor), want), f"saturation {factor}, every colour")
+        expect(np.array_equal(native_kernels.saturation(colours, factor), want), f"saturation {factor}, every colour")
     for shift in (1, 100, 200):
         got = np.empty_like(colours)
         native.kernel("hue").hue_shift(colours, got, shift)
-        expect(np.array_equal(got, native.pil_hue_shift(colours, shift)), f"hue +{shift}, every colour")
+        expect(np.array_equal(got, native_checks.pil_hue_shift(colours, shift)), f"hue +{shift}, every colour")
     values = np.tile(np.arange(256, dtype=np.uint8), (256, 1))
     grey = Image.fromarray(values)
     for in1 in (0, 77, 128, 255):
@@ -74,23 +74,23 @@ def resizes_and_warps(arrays: list[np.ndarray]) -> None:
     for k, a in enumerate(arrays):
         img = Image.fromarray(a)
         h, w = a.shape[:2]
-        for f in native.FILTERS:
+        for f in native_checks.FILTERS:
             for _ in range(6):
                 left, top = int(rng.integers(0, w // 3)), int(rng.integers(0, h // 3))
                 right, bottom = int(rng.integers(w // 2, w + 1)), int(rng.integers(h // 2, h + 1))
                 size = (int(rng.integers(8, 300)), int(rng.integers(8, 300)))
                 want = np.asarray(img.crop((left, top, right, bottom)).resize(size, f))
-                got = native.resample(a[top:bottom, left:right], (size[1], size[0]), f)
+                got = native_kernels.resample(a[top:bottom, left:right], (size[1], size[0]), f)
                 expect(np.array_equal(got, want), f"resize photo {k} filter {f} to {size}")
-        for f in native.WARP_FILTERS:
+        for f in native_checks.WARP_FILTERS:
             for angle in (13.0, -71.5, 190.0):
-                m, (ow, oh) = native.rotate_data(w, h, angle % 360.0, True, None, None)
+                m, (ow, oh) = native_checks.rotate_data(w, h, angle % 360.0, True, None, None)
                 want = np.asarray(img.rotate(angle, f, True))
-                got = native.warp(a, (oh, ow), m, False, f, bytes(3))
+                got = native_kernels.warp(a, (oh, ow), m, False, f, bytes(3))
                 expect(np.array_equal(got, want), f"rotate photo {k} by {angle} filter {f}")
             coeffs = [1.02, 0.05, -3.0, 0.01, 0.98, 2.0, 1e-4, 2e-4]
             want = np.asarray(img.transform((w, h), Image.Transform.PERSPECTIVE, coeffs, f))
-            got = native.warp(a, (h, w), coeffs, True, f, bytes(3))
+            got = native_kernels.warp(a, (h, w), coeffs, True, f, bytes(3))
             expect(np.array_equal(got, want), f"perspective photo {k} filter {f}")
 
 
@@ -120,7 +120,7 @@ def main() -> int:
     args = ap.parse_args()
     import PIL
 
-    mod = extension.load()
+    mod = native.load_extension()
     if args.isa:
         mod.set_isa(args.isa)
     print(f"{platform.machine()}, Python {platform.python_version()}, Pillow {PIL.__version__}, "

@@ -10,7 +10,7 @@ import pytest
 
 from nano_patch.config import Options
 from nano_patch.patches import all_patches
-from nano_patch.registry import NanoPatchWarning, own_value
+from nano_patch.registry import NanoPatchWarning
 
 PATCHES = all_patches()
 
@@ -38,7 +38,7 @@ def patch(request):
 
 
 def _snapshot(p):
-    return [(owner, name, own_value(owner, name)) for owner, name, _ in p.record._entries]
+    return [(e.owner, e.name, e.now()) for e in p.record.entries()]
 
 
 def test_apply_replaces_and_revert_restores_identity(patch):
@@ -47,13 +47,13 @@ def test_apply_replaces_and_revert_restores_identity(patch):
         warnings.simplefilter("error", NanoPatchWarning)
         assert patch.apply(module, Options())
     assert patch.applied and len(patch.record) > 0
-    replaced = list(patch.record._entries)
-    for owner, name, old in replaced:
-        assert own_value(owner, name) is not old, f"{owner}.{name} was recorded but not replaced"
+    replaced = patch.record.entries()
+    for e in replaced:
+        assert e.now() is not e.old, f"{e.owner}.{e.name} was recorded but not replaced"
     patch.revert()
     assert not patch.applied and len(patch.record) == 0
-    for owner, name, old in replaced:
-        assert own_value(owner, name) is old, f"{owner}.{name} not restored to the same object"
+    for e in replaced:
+        assert e.now() is e.old, f"{e.owner}.{e.name} not restored to the same object"
 
 
 def test_apply_twice_is_idempotent(patch):
@@ -94,6 +94,8 @@ def test_failure_while_patching_leaves_nothing_half_patched(patch, monkeypatch):
 
 
 def _state(o):
+    if isinstance(o, dict):  # a registry of torch's own (default_collate_fn_map)
+        return dict(o)
     state = dict(vars(o))
     if hasattr(o, "__code__"):
         state["__code__"] = o.__code__
@@ -103,6 +105,28 @@ def _state(o):
 def _owners(patch, module):
     p2 = _fresh(patch)
     p2.apply(module, Options())
-    owners = {id(o): o for o, _, _ in p2.record._entries}
+    owners = {id(e.owner): e.owner for e in p2.record.entries()}
     p2.revert()
     return list(owners.values())
+
+
+def test_registry_entries_go_through_the_patch_s_record_and_back(monkeypatch):
+    """The DataLoader patch's entries in torch's own collate registry (the batch tensor's collation, the erasers'
+    draws) are made through its record, and its revert takes them out again: every entry the very object it was."""
+    import torch
+    from torch.utils.data._utils import collate as torch_collate
+
+    from nano_patch.data import collate, finish_tail
+    from nano_patch.registry import AttributeRecord
+    from nano_patch.vision.tensor_tail import ErasedImage
+
+    fn_map = torch_collate.default_collate_fn_map
+    monkeypatch.delitem(fn_map, ErasedImage, raising=False)  # (a worker's registration, made without a record)
+    before = dict(fn_map)
+    record = AttributeRecord()
+    collate.install(record)
+    finish_tail.register_collate(record)
+    assert fn_map[torch.Tensor] is collate.collate_tensor and fn_map[ErasedImage] is finish_tail.collate_erased
+    assert [e.item for e in record.entries()] == [True, True]
+    record.restore()
+    assert fn_map.keys() == before.keys() and all(fn_map[k] is v for k, v in before.items())

@@ -26,7 +26,7 @@ import torch
 import torchvision.transforms as T
 from PIL import Image
 
-from nano_patch.vision import native
+from nano_patch.vision import native, native_checks, native_kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,7 +91,7 @@ def full(data: bytes) -> np.ndarray:
 
 
 def region(data: bytes, top: int, left: int, height: int, width: int, **kwargs) -> np.ndarray:
-    return native.decode_jpeg_region(data, top, left, height, width, **kwargs)
+    return native_kernels.decode_jpeg_region(data, top, left, height, width, **kwargs)
 
 
 @pytest.fixture(autouse=True)
@@ -120,9 +120,9 @@ def test_the_check_is_quick():
     """It runs once per process before the first crop decode: a few tens of milliseconds."""
     import time
 
-    native.check_crop_decode(JPEG)  # warm: the encoders' first calls
+    native_checks.check_crop_decode(JPEG)  # warm: the encoders' first calls
     start = time.perf_counter()
-    assert native.check_crop_decode(JPEG) is None
+    assert native_checks.check_crop_decode(JPEG) is None
     assert time.perf_counter() - start < 0.5  # ~30 ms here; loose for a loaded 2-core CI machine
 
 
@@ -300,7 +300,7 @@ def test_damaged_data_fails_exactly_where_the_strict_full_decode_fails(how):
         top, left = int(rng.integers(0, h - 24)), int(rng.integers(0, w - 14))
         try:
             got = region(bad, top, left, 25, 15)
-        except native.JpegRegionError as exc:
+        except native_kernels.JpegRegionError as exc:
             assert want is None, (k, str(exc))
             assert str(exc)
             raised += 1
@@ -318,11 +318,11 @@ def test_damage_below_the_window_without_check_rest():
     want = full(data)
     cut = data[: len(data) * 2 // 3]  # the last third of the rows is missing
     assert np.array_equal(region(cut, 0, 3, 40, 50, check_rest=False), want[0:40, 3:53])
-    with pytest.raises(native.JpegRegionError, match="Premature end|premature end"):
+    with pytest.raises(native_kernels.JpegRegionError, match="Premature end|premature end"):
         region(cut, 0, 3, 40, 50)
-    with pytest.raises(native.JpegRegionError):
+    with pytest.raises(native_kernels.JpegRegionError):
         region(cut, 150, 3, 40, 50, check_rest=False)
-    with pytest.raises(native.JpegRegionError):
+    with pytest.raises(native_kernels.JpegRegionError):
         region(data[:-2], 0, 0, 8, 8)  # only the end-of-image marker missing
 
 
@@ -338,11 +338,11 @@ def test_what_is_not_region_decoded_says_so():
         "Premature end": _pil_jpeg(img)[:300],
     }
     for message, data in cases.items():
-        with pytest.raises(native.JpegRegionError, match=message):
+        with pytest.raises(native_kernels.JpegRegionError, match=message):
             region(data, 0, 0, 4, 4)
     png = io.BytesIO()
     img.save(png, "PNG")
-    with pytest.raises(native.JpegRegionError, match="Not a JPEG"):
+    with pytest.raises(native_kernels.JpegRegionError, match="Not a JPEG"):
         region(png.getvalue(), 0, 0, 4, 4)
 
 
@@ -353,7 +353,7 @@ def test_a_bad_window_is_a_plain_value_error():
                    (36, 0, 5, 1), (2**40, 0, 1, 1)]:
         with pytest.raises(ValueError, match="window") as info:
             region(data, *window)
-        assert not isinstance(info.value, native.JpegRegionError), window
+        assert not isinstance(info.value, native_kernels.JpegRegionError), window
     with pytest.raises(TypeError):
         region("not bytes", 0, 0, 1, 1)  # type: ignore[arg-type]
 
@@ -395,7 +395,7 @@ def no_min_band(tmp_path_factory):
 @needs_jpeg
 def test_a_build_without_the_margin_is_refused_by_the_check(no_margin, monkeypatch):
     assert no_margin.MARGIN == 0
-    why = native.check_crop_decode(no_margin)
+    why = native_checks.check_crop_decode(no_margin)
     assert why and "not exact" in why and "differs from the full decode" in why, why
     # ...which is right: it does give wrong pixels at window edges
     data = encode(_pixels(40, 60, seed=4), "420")
@@ -411,7 +411,7 @@ def test_a_build_without_the_margin_is_refused_by_the_check(no_margin, monkeypat
 
 @needs_jpeg
 def test_a_build_without_the_minimum_band_is_refused_by_the_check(no_min_band):
-    why = native.check_crop_decode(no_min_band)
+    why = native_checks.check_crop_decode(no_min_band)
     assert why and "not exact" in why, why
 
 
@@ -433,7 +433,7 @@ def test_progressive_files_that_differ_go_whole_and_the_rest_stays(monkeypatch):
     monkeypatch.setattr(native, "_import_jpeg", lambda: ProgressiveOff)
     baseline, progressive = encode(_pixels(40, 50, seed=5), "420"), encode(_pixels(40, 50, seed=5), "progressive-420")
     assert np.array_equal(region(baseline, 3, 4, 30, 40), full(baseline)[3:33, 4:44])
-    with pytest.raises(native.JpegRegionError, match="progressive JPEG: not region-decoded"):
+    with pytest.raises(native_kernels.JpegRegionError, match="progressive JPEG: not region-decoded"):
         region(progressive, 3, 4, 30, 40)
     assert native.state()["crop_decode"].startswith(f"native ({JPEG.LIBJPEG_VERSION}; progressive files decoded "
                                                     "whole: it differs"), native.state()
@@ -551,8 +551,8 @@ def test_a_plan_that_starts_with_a_crop_decodes_only_the_window(image_folder, na
     make = _crop_first_pipelines()[name]
     stock, stock_torch, stock_random = _dataset_run(image_folder, make)
     windows = []
-    real = native.decode_jpeg_region
-    monkeypatch.setattr(native, "decode_jpeg_region", lambda *a, **k: windows.append(a[1:]) or real(*a, **k))
+    real = native_kernels.decode_jpeg_region
+    monkeypatch.setattr(native_kernels, "decode_jpeg_region", lambda *a, **k: windows.append(a[1:]) or real(*a, **k))
     nano_patch.patch_torch()
     got, got_torch, got_random = _dataset_run(image_folder, make)
     assert len(windows) == len(stock)

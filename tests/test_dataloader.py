@@ -285,7 +285,7 @@ def test_uint8_batches_finished_here_equal_the_patched_float_path_on_a_resizing_
     from torchvision.datasets import ImageFolder
 
     from nano_patch.data.uint8_batches import Uint8Batches
-    from nano_patch.train import device_tail as trainer_tail
+    from nano_patch.train import tail_deferral as trainer_tail
 
     tf = T.Compose([T.RandomResizedCrop(96), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
     ds = ImageFolder(str(image_folder), transform=tf)

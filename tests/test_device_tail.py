@@ -1,7 +1,7 @@
 """Issue 33: uint8 batches whose tensor tail runs after the transfer, and the rule of when that happens.
 
 Every comparison is against stock run in the same test (the patch reverted): values, dtype, shape and strides.
-Lightning's runs here are on the CPU with ``train.device_tail.DEVICE_TYPES`` widened to "cpu", so that the
+Lightning's runs here are on the CPU with ``train.tail_deferral.DEVICE_TYPES`` widened to "cpu", so that the
 deferral (only ever made for an accelerator) happens and the transfer is simulated by Lightning's own one.
 """
 
@@ -13,8 +13,9 @@ from torch.utils.data import DataLoader
 
 import nano_patch
 from nano_patch import report
-from nano_patch.data import device_tail
-from nano_patch.train import device_tail as trainer_tail
+from nano_patch.data import finish_tail
+from nano_patch.train import tail_deferral as trainer_tail
+from nano_patch.vision import tensor_tail
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 ERASE = {"zero": 0, "sequence": (0.5, -1.0, 2.0), "random": "random"}
@@ -68,7 +69,7 @@ def _deferred_then_moved(ds, workers: int, monkeypatch) -> list:
     monkeypatch.setattr(trainer_tail, "why_not", lambda loader: None)
     out = []
     for images, labels in _load(ds, workers):
-        assert isinstance(images, device_tail.DeferredImages) and images.images.dtype == torch.uint8
+        assert isinstance(images, finish_tail.DeferredImages) and images.images.dtype == torch.uint8
         out.append([images.to(torch.device("cpu")), labels])
     return out
 
@@ -171,8 +172,8 @@ def test_channels_last_and_pinned_as_given(image_folder, monkeypatch):
 def test_the_device_arithmetic_has_no_reciprocal_shortcut():
     """x / 255 by a tensor on the batch's device (CUDA divides a CPU scalar by multiplying by its reciprocal)."""
     x = torch.arange(256, dtype=torch.uint8).view(1, 1, 16, 16).expand(2, 3, 16, 16).contiguous()
-    spec = device_tail.TailSpec(device_tail.V1_DIV, tuple(MEAN), tuple(STD))
-    out = device_tail.apply_tail(x, spec)
+    spec = tensor_tail.TailSpec(tensor_tail.V1_DIV, tuple(MEAN), tuple(STD))
+    out = finish_tail.apply_tail(x, spec)
     want = torch.stack([(im.to(torch.float32).div(255) - torch.tensor(MEAN).view(-1, 1, 1))
                         / torch.tensor(STD).view(-1, 1, 1) for im in x])
     assert torch.equal(out, want)
@@ -221,13 +222,13 @@ def _fit(L, model, loader, datamodule=None):
 def counting(monkeypatch, tmp_path):
     """Lightning's transfers of deferred batches, counted; the run report's reasons, recorded; "cpu" an accelerator."""
     moved = []
-    real_to = device_tail.DeferredImages.to
+    real_to = finish_tail.DeferredImages.to
 
     def to(self, device, *args, **kwargs):
         moved.append(device)
         return real_to(self, device, *args, **kwargs)
 
-    monkeypatch.setattr(device_tail.DeferredImages, "to", to)
+    monkeypatch.setattr(finish_tail.DeferredImages, "to", to)
     monkeypatch.setattr(trainer_tail, "DEVICE_TYPES", ("cuda", "cpu"))
     monkeypatch.setattr(report, "stats", report.Stats(str(tmp_path)))
     return moved

@@ -8,7 +8,8 @@ import torch
 from torch.utils.data import DataLoader
 
 import nano_patch
-from nano_patch.data import device_tail
+from nano_patch.data import finish_tail
+from nano_patch.vision import tensor_tail
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -22,14 +23,14 @@ def test_cuda_float32_tail_arithmetic_is_the_cpus_for_every_uint8_value():
     mean, std = torch.tensor(MEAN).view(-1, 1, 1), torch.tensor(STD).view(-1, 1, 1)
     cpu_v1 = torch.stack([(im.to(torch.float32).div(255) - mean) / std for im in x])
     cpu_v2 = torch.stack([im.to(torch.float32).mul_(1.0 / 255).sub(mean).div_(std) for im in x])
-    for scale, want in ((device_tail.V1_DIV, cpu_v1), (device_tail.V2_MUL, cpu_v2)):
-        spec = device_tail.TailSpec(scale, tuple(MEAN), tuple(STD))
-        got = device_tail.DeferredImages(x, spec).to(torch.device("cuda"))
+    for scale, want in ((tensor_tail.V1_DIV, cpu_v1), (tensor_tail.V2_MUL, cpu_v2)):
+        spec = tensor_tail.TailSpec(scale, tuple(MEAN), tuple(STD))
+        got = finish_tail.DeferredImages(x, spec).to(torch.device("cuda"))
         assert got.device.type == "cuda" and got.dtype == torch.float32
         assert torch.equal(got.cpu(), want)
-        bare = device_tail.apply_tail(x.cuda(), device_tail.TailSpec(scale))  # no Normalize
+        bare = finish_tail.apply_tail(x.cuda(), tensor_tail.TailSpec(scale))  # no Normalize
         assert torch.equal(bare.cpu(), torch.stack([im.to(torch.float32).div(255) for im in x])
-                           if scale == device_tail.V1_DIV else x.to(torch.float32).mul_(1.0 / 255))
+                           if scale == tensor_tail.V1_DIV else x.to(torch.float32).mul_(1.0 / 255))
 
 
 def _pipeline(kind: str):
@@ -80,13 +81,13 @@ def test_patched_fit_on_the_gpu_sees_stocks_batches_bit_for_bit(image_folder, mo
     """Every batch crosses as uint8 and is finished on the GPU: worker processes (RandomErasing, v2), virtual
     workers (v1-plain with 2 workers), and num_workers=0 (RandomErasing's draws ride with the uint8 samples)."""
     moved = []
-    real_to = device_tail.DeferredImages.to
+    real_to = finish_tail.DeferredImages.to
 
     def to(self, device, *args, **kwargs):
         moved.append(torch.device(device).type)
         return real_to(self, device, *args, **kwargs)
 
-    monkeypatch.setattr(device_tail.DeferredImages, "to", to)
+    monkeypatch.setattr(finish_tail.DeferredImages, "to", to)
     stock = _fit(image_folder, kind, workers)
     nano_patch.patch_torch()
     patched = _fit(image_folder, kind, workers)

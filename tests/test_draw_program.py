@@ -126,9 +126,9 @@ def test_what_the_program_does_not_know_gives_no_program(monkeypatch, tmp_path):
 
 
 def test_pillow_simd_s_grey_keeps_contrast_and_saturation_on_the_plan(monkeypatch):
-    from nano_patch.vision import pixels
+    from nano_patch import sysinfo
 
-    monkeypatch.setattr(pixels, "GREY_BY_POSITION", True)
+    monkeypatch.setattr(sysinfo, "pillow_is_simd", lambda: True)
     tail = [T.ToTensor()]
     assert _refused(T.Compose([T.ColorJitter(contrast=0.3), *tail]))
     assert _refused(T.Compose([T.ColorJitter(saturation=0.3), *tail]))

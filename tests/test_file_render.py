@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from nano_patch.vision import native, oprunner
-from nano_patch.vision.pixels import OP_BRIGHTNESS, OP_CROP, OP_HFLIP, OP_RESIZE, OP_SATURATION
+from nano_patch.vision import native, native_kernels, oprunner
+from nano_patch.vision.pixel_ops import OP_BRIGHTNESS, OP_CROP, OP_HFLIP, OP_RESIZE, OP_SATURATION
 
 pytestmark = pytest.mark.skipif(not native.available("crop_decode"), reason="crop decoding is not usable here")
 
@@ -45,7 +45,7 @@ def _records(window, h, w):
 def _two_calls(data: bytes, records, shape) -> np.ndarray:
     """What the render did before: the region decode, then the op runner on it."""
     top, left, height, width = records[0][1:5]
-    region = native.decode_jpeg_region(data, top, left, height, width)
+    region = native_kernels.decode_jpeg_region(data, top, left, height, width)
     out = np.empty((3, *shape[:2]), np.float32)
     native.kernel("tables").run_ops(region, records[1:], oprunner.PLANES_F32, TABLE, out, shape, _settings())
     return out
@@ -54,7 +54,7 @@ def _two_calls(data: bytes, records, shape) -> np.ndarray:
 def _one_call(path, size, records, shape, max_bytes=1 << 30):
     out = np.empty((3, *shape[:2]), np.float32)
     got = native.kernel("tables").run_ops_file(native.kernel("crop_decode").file_api, path, size,
-                                               (True, native.crop_multiscan()), max_bytes, records,
+                                               (True, native_kernels.crop_multiscan()), max_bytes, records,
                                                oprunner.PLANES_F32, TABLE, out, shape, _settings())
     return got, out
 
@@ -68,7 +68,7 @@ def test_one_call_equals_the_region_decode_and_the_op_runner(tmp_path, photos, w
     path.write_bytes(data)
     records = _records(window, 64, 48)
     got, out = _one_call(str(path), (375, 500), records, (64, 48, 3))
-    if progressive and not native.crop_multiscan():
+    if progressive and not native_kernels.crop_multiscan():
         assert got == data  # refused here: the bytes back, for the Python path
         return
     assert got is True
@@ -153,7 +153,7 @@ def test_run_file_renders_the_whole_image_where_the_ops_start_otherwise(tmp_path
     job = oprunner.NativeRun(records, oprunner.PLANES_F32, TABLE, (20, 30, 3))
     got = oprunner.run_file(job, str(path), (90, 120))
     want = np.empty((3, 20, 30), np.float32)
-    whole = native.decode_jpeg_region(data, 0, 0, 90, 120)
+    whole = native_kernels.decode_jpeg_region(data, 0, 0, 90, 120)
     native.kernel("tables").run_ops(whole, records, oprunner.PLANES_F32, TABLE, want, (20, 30, 3), _settings())
     assert np.array_equal(got.numpy(), want)
     assert oprunner.run_file(job, str(tmp_path / "missing.jpg"), (90, 120)) is None

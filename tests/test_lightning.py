@@ -393,11 +393,11 @@ def test_bf16_without_native_support_warns_once(monkeypatch, native):
     import pytorch_lightning as pl
 
     from nano_patch import sysinfo
-    from nano_patch.patches import lightning_trainer
     from nano_patch.registry import NanoPatchWarning
+    from nano_patch.train import training_plan
 
     monkeypatch.setattr(sysinfo, "has_native_bf16", lambda: native)
-    lightning_trainer.warn_bf16_once.cache_clear()
+    training_plan.warn_bf16_once.cache_clear()
     nano_patch.patch_torch()
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
@@ -409,4 +409,4 @@ def test_bf16_without_native_support_warns_once(monkeypatch, native):
         assert not ours
     else:
         assert len(ours) == 1 and "avx512_bf16" in str(ours[0].message)
-    lightning_trainer.warn_bf16_once.cache_clear()
+    training_plan.warn_bf16_once.cache_clear()

@@ -23,14 +23,14 @@ import torchvision.transforms as T
 from PIL import Image, ImageEnhance, ImageStat
 
 import nano_patch
-from nano_patch.vision import extension, native
+from nano_patch.vision import native, native_checks, native_kernels
 
 F = T.functional
 ROOT = Path(__file__).resolve().parents[1]
 if importlib.util.find_spec("nano_patch.vision._native") is None:
     pytest.skip("the native kernels are not built here (nano_patch.vision._native is missing: installed without a "
-                f"C compiler?); to test them, {extension.FIX}", allow_module_level=True)
-MOD = extension.load()  # built but broken: fail here rather than skip
+                f"C compiler?); to test them, {native.FIX}", allow_module_level=True)
+MOD = native.load_extension()  # built but broken: fail here rather than skip
 ISAS = ["generic", "avx2", "avx512"][: ["generic", "avx2", "avx512"].index(MOD.best_isa()) + 1]
 FILTERS = {Image.Resampling.BILINEAR: "bilinear", Image.Resampling.BICUBIC: "bicubic",
            Image.Resampling.LANCZOS: "lanczos", Image.Resampling.BOX: "box", Image.Resampling.HAMMING: "hamming"}
@@ -62,15 +62,15 @@ def test_the_kernels_pass_their_check_here():
 
 def test_grey_on_every_colour(isa, every_colour):
     want = np.asarray(Image.fromarray(every_colour).convert("L"))
-    assert np.array_equal(native.rgb_to_l(every_colour), want)
+    assert np.array_equal(native_kernels.rgb_to_l(every_colour), want)
     stat = ImageStat.Stat(Image.fromarray(want[:1000, :777]))
-    assert native.contrast_mean(every_colour[:1000, :777]) == int(stat.mean[0] + 0.5)
+    assert native_kernels.contrast_mean(every_colour[:1000, :777]) == int(stat.mean[0] + 0.5)
 
 
 @pytest.mark.parametrize("factor", [0.0, 0.5, 0.7, 1.0, 1.3, 2.0, -0.6])
 def test_saturation_on_every_colour(isa, every_colour, factor):
     want = np.asarray(ImageEnhance.Color(Image.fromarray(every_colour)).enhance(factor))
-    got = native.saturation(every_colour, factor)
+    got = native_kernels.saturation(every_colour, factor)
     bad = np.any(got != want, axis=-1)
     assert not bad.any(), (every_colour[bad][:5], got[bad][:5], want[bad][:5])
 
@@ -82,20 +82,20 @@ def test_blend_with_a_constant_on_every_pair(isa, factor):
     image = Image.fromarray(values)
     for c in range(256):
         want = np.asarray(Image.blend(Image.new("L", (256, 1), c), Image.fromarray(values[c:c + 1]), factor))
-        assert np.array_equal(native.blend_const(values[c:c + 1], c, factor), want), c
+        assert np.array_equal(native_kernels.blend_const(values[c:c + 1], c, factor), want), c
     rgb = np.repeat(values[:, :, None], 3, axis=2)
     want = np.asarray(ImageEnhance.Brightness(Image.fromarray(rgb)).enhance(factor))
-    assert np.array_equal(native.blend_const(rgb, 0, factor), want)
+    assert np.array_equal(native_kernels.blend_const(rgb, 0, factor), want)
     mean = int(ImageStat.Stat(image).mean[0] + 0.5)
     want = np.asarray(ImageEnhance.Contrast(Image.fromarray(rgb)).enhance(factor))
-    assert np.array_equal(native.blend_const(rgb, mean, factor), want)
+    assert np.array_equal(native_kernels.blend_const(rgb, mean, factor), want)
 
 
 @pytest.mark.parametrize("factor", [-0.5, -0.1, 0.0, 0.003, 0.25, 0.5])
 def test_hue_on_every_colour(isa, every_colour, factor):
     want = np.asarray(F.adjust_hue(Image.fromarray(every_colour), factor))
     shift = int(np.int32(factor * 255).astype(np.uint8))
-    got = native.hue_shift(every_colour, shift)
+    got = native_kernels.hue_shift(every_colour, shift)
     bad = np.any(got != want, axis=-1)
     assert not bad.any(), (factor, every_colour[bad][:5], got[bad][:5], want[bad][:5])
 
@@ -108,8 +108,8 @@ def test_hue_on_every_shift_of_every_value_and_saturation(isa, every_colour):
     reps = every_colour.reshape(-1, 3)[first]
     reps = np.concatenate([reps, reps[: (-len(reps)) % 128]]).reshape(-1, 128, 3)  # a few rows of 128
     for shift in range(256):
-        got = native.hue_shift(reps, shift)
-        want = native.pil_hue_shift(reps, shift)
+        got = native_kernels.hue_shift(reps, shift)
+        want = native_checks.pil_hue_shift(reps, shift)
         bad = np.any(got != want, axis=-1)
         assert not bad.any(), (shift, reps[bad][:5], got[bad][:5], want[bad][:5])
 
@@ -127,21 +127,22 @@ def test_every_kernel_on_edge_images(isa):
     for a in _edge_images():
         img = Image.fromarray(a)
         grey = np.asarray(img.convert("L"))
-        assert np.array_equal(native.rgb_to_l(a), grey)
-        assert native.contrast_mean(a) == int(ImageStat.Stat(img.convert("L")).mean[0] + 0.5)
+        assert np.array_equal(native_kernels.rgb_to_l(a), grey)
+        assert native_kernels.contrast_mean(a) == int(ImageStat.Stat(img.convert("L")).mean[0] + 0.5)
         for f in (0.0, 0.4, 1.0, 1.7):
-            assert np.array_equal(native.saturation(a, f), np.asarray(ImageEnhance.Color(img).enhance(f)))
-            assert np.array_equal(native.blend_const(a, 0, f), np.asarray(ImageEnhance.Brightness(img).enhance(f)))
-            assert np.array_equal(native.blend_const(grey, 0, f),
+            assert np.array_equal(native_kernels.saturation(a, f), np.asarray(ImageEnhance.Color(img).enhance(f)))
+            assert np.array_equal(native_kernels.blend_const(a, 0, f),
+                                  np.asarray(ImageEnhance.Brightness(img).enhance(f)))
+            assert np.array_equal(native_kernels.blend_const(grey, 0, f),
                                   np.asarray(ImageEnhance.Brightness(img.convert("L")).enhance(f)))
         for shift in (0, 1, 128, 255):
-            assert np.array_equal(native.hue_shift(a, shift), native.pil_hue_shift(a, shift))
+            assert np.array_equal(native_kernels.hue_shift(a, shift), native_checks.pil_hue_shift(a, shift))
         for size in [(1, 1), (2, 5), (a.shape[0] * 3, a.shape[1] + 1), (max(1, a.shape[0] // 2), a.shape[1])]:
             for f in FILTERS:
                 for src, pil in ((a, img), (grey, img.convert("L"))):
                     want = np.asarray(pil.resize((size[1], size[0]), f))
-                    assert np.array_equal(native.resample(src, size, f), want), (a.shape, size, f)
-                    assert np.array_equal(native.resample(src, size, f, flip=True), want[:, ::-1])
+                    assert np.array_equal(native_kernels.resample(src, size, f), want), (a.shape, size, f)
+                    assert np.array_equal(native_kernels.resample(src, size, f, flip=True), want[:, ::-1])
 
 
 def _photos(photos) -> list[np.ndarray]:
@@ -172,13 +173,13 @@ def test_resize_of_real_photo_crops(isa, photos):
                    float(rng.uniform(w / 2 + 0.5, w)), float(rng.uniform(h / 2 + 0.5, h)))
         want = np.asarray(pil.resize((ow, oh), f, box=box))
         flip = bool(trial % 3 == 0)
-        got = native.resample(src, (oh, ow), f, box=box, flip=flip)
+        got = native_kernels.resample(src, (oh, ow), f, box=box, flip=flip)
         assert np.array_equal(got, want[:, ::-1] if flip else want), (trial, (h, w), (oh, ow), f, box, flip)
         # a window of the output (a CenterCrop after a Resize): only that part computed, the same pixels
         wt, wl = int(rng.integers(0, oh)), int(rng.integers(0, ow))
         wh, ww = int(rng.integers(1, oh - wt + 1)), int(rng.integers(1, ow - wl + 1))
         part = want[wt:wt + wh, wl:wl + ww]
-        got = native.resample(src, (oh, ow), f, box=box, flip=flip, window=(wt, wl, wh, ww))
+        got = native_kernels.resample(src, (oh, ow), f, box=box, flip=flip, window=(wt, wl, wh, ww))
         assert np.array_equal(got, part[:, ::-1] if flip else part), (trial, (wt, wl, wh, ww))
 
 
@@ -192,7 +193,7 @@ def test_random_resized_crop_draws_at_seed_42(isa, photos):
         img = photos[k % len(photos)]
         i, j, h, w = t.get_params(img, t.scale, t.ratio)
         want = np.asarray(img.crop((j, i, j + w, i + h)).resize((224, 224), Image.BILINEAR))
-        got = native.resample(np.asarray(img)[i:i + h, j:j + w], (224, 224), Image.BILINEAR)
+        got = native_kernels.resample(np.asarray(img)[i:i + h, j:j + w], (224, 224), Image.BILINEAR)
         assert np.array_equal(got, want), k
 
 
@@ -203,33 +204,33 @@ def test_sharpness_on_real_photos_and_edge_shapes(photos, factor):
               photos[0].crop((10, 10, 13, 90)).convert("L"), Image.new("RGB", (1, 1), (200, 10, 5))]
     for im in images:
         want = np.asarray(ImageEnhance.Sharpness(im).enhance(factor))
-        assert np.array_equal(native.sharpness(np.asarray(im), factor), want), (im.size, im.mode)
+        assert np.array_equal(native_kernels.sharpness(np.asarray(im), factor), want), (im.size, im.mode)
 
 
 def test_tables_and_tensor_tail(isa):
     a = np.random.default_rng(2).integers(0, 256, size=(37, 41, 3), dtype=np.uint8)
     tables = np.random.default_rng(3).integers(0, 256, size=(3, 256), dtype=np.uint8)
-    assert np.array_equal(native.lut(a, tables), np.stack([tables[c][a[..., c]] for c in range(3)], -1))
+    assert np.array_equal(native_kernels.lut(a, tables), np.stack([tables[c][a[..., c]] for c in range(3)], -1))
     for dtype in (np.float32, np.float64):
         table = np.random.default_rng(4).standard_normal((3, 256)).astype(dtype)
-        assert np.array_equal(native.planes_lut(a, table), np.stack([table[c][a[..., c]] for c in range(3)]))
+        assert np.array_equal(native_kernels.planes_lut(a, table), np.stack([table[c][a[..., c]] for c in range(3)]))
         grey = a[..., 0]
-        assert np.array_equal(native.planes_lut(grey, table), np.stack([table[c][grey] for c in range(3)]))
-        assert np.array_equal(native.pixels_lut(a[::-1, 3:30], table),
+        assert np.array_equal(native_kernels.planes_lut(grey, table), np.stack([table[c][grey] for c in range(3)]))
+        assert np.array_equal(native_kernels.pixels_lut(a[::-1, 3:30], table),
                               np.stack([table[c][a[::-1, 3:30, c]] for c in range(3)], -1))
 
 
 def test_bad_input_is_named():
     with pytest.raises(ValueError, match="H x W or H x W x 3 uint8"):
-        native.saturation(np.zeros((4, 4, 3), np.float32), 1.0)
+        native_kernels.saturation(np.zeros((4, 4, 3), np.float32), 1.0)
     with pytest.raises(ValueError, match="H x W x 3"):
-        native.hue_shift(np.zeros((4, 4), np.uint8), 1)
+        native_kernels.hue_shift(np.zeros((4, 4), np.uint8), 1)
     with pytest.raises(ValueError, match="filters"):
-        native.resample(np.zeros((4, 4, 3), np.uint8), (2, 2), 0)
+        native_kernels.resample(np.zeros((4, 4, 3), np.uint8), (2, 2), 0)
     with pytest.raises(ValueError, match="empty"):
-        native.rgb_to_l(np.zeros((0, 4, 3), np.uint8))
+        native_kernels.rgb_to_l(np.zeros((0, 4, 3), np.uint8))
     with pytest.raises(ValueError, match="bad resample sizes, window or box"):
-        native.resample(np.zeros((4, 4, 3), np.uint8), (2, 2), 2, box=(0.0, 0.0, 5.0, 4.0))
+        native_kernels.resample(np.zeros((4, 4, 3), np.uint8), (2, 2), 2, box=(0.0, 0.0, 5.0, 4.0))
     with pytest.raises(ValueError, match="not available here"):
         MOD.set_isa("sse9")
 
@@ -280,7 +281,7 @@ def sabotaged(tmp_path_factory):
 @pytest.mark.parametrize("isa_name", ISAS)
 def test_a_sabotaged_build_is_refused_by_the_check(sabotaged, isa_name):
     sabotaged.set_isa(isa_name)
-    for name, check in native.CHECKS.items():
+    for name, check in native_checks.CHECKS.items():
         if name in native.JPEG_KERNELS:
             continue  # another extension (test_crop_decode.py sabotages it)
         why = check(sabotaged)
@@ -322,7 +323,7 @@ def test_a_sabotaged_blend_or_table_build_is_refused_by_its_check(tmp_path, brok
     refused = "tables" if broken == "point tables" else broken
     for isa_name in ISAS:
         mod.set_isa(isa_name)
-        for name, check in native.CHECKS.items():
+        for name, check in native_checks.CHECKS.items():
             if name in native.JPEG_KERNELS:
                 continue  # the crop decode lives in its own extension (tests/test_crop_decode.py)
             why = check(mod)
@@ -443,9 +444,9 @@ def test_a_library_planted_in_a_cache_folder_is_never_loaded(tmp_path):
             subprocess.run(["cc", "-shared", "-fPIC", "-o", str(folder / name), str(c)], check=True)
     code = (
         "import numpy as np, nano_patch\n"
-        "from nano_patch.vision import native\n"
+        "from nano_patch.vision import native, native_kernels\n"
         "print(native.check_all())\n"
-        "native.hue_shift(np.zeros((4, 4, 3), np.uint8), 3)\n"
+        "native_kernels.hue_shift(np.zeros((4, 4, 3), np.uint8), 3)\n"
     )
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg"), "HOME": str(tmp_path)}
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)

@@ -6,7 +6,7 @@ a flip waiting through a resize, colour and grey ops, a vertical flip after all 
 timm's) on RGB and grey images, and every pipeline the v1, v2 and timm step runners and policies produce: stock
 runs on the PIL image; the patched side draws on a ``Recording`` of the same size (stock's draws, compared on
 every generator), then renders natively. Samples whose ops the runner leaves to Python must say why, and still
-equal stock through ``pixels.render``. The batch tensor the tails write into equals ``default_collate`` of stock's
+equal stock through ``recording.render``. The batch tensor the tails write into equals ``default_collate`` of stock's
 samples in values, dtype, shape and strides, and ``default_collate`` takes it as it is.
 """
 
@@ -50,9 +50,9 @@ def _same(want, got) -> bool:
 
 
 def _tail(*steps):
-    for t in steps:
-        compose_plan._record_other(type(t))  # timm's classes, as a plan meeting them records them
-    tail = compose_plan._find_tail(list(steps), 0)
+    from torchvision import transforms as T
+
+    tail = compose_plan.plan_for(T.Compose(list(steps))).tails.get(0)  # (a plan records timm's classes it meets)
     assert tail is not None and len(tail) == len(steps)
     return tail
 
@@ -390,7 +390,7 @@ def test_samples_left_to_python_are_counted_with_why(patched, photos, tmp_path):
 def test_a_jpeg_not_decoded_yet_renders_its_first_crop_as_stock(patched, photos, tmp_path, monkeypatch, region):
     """The batch path's JPEG window: the first crop decoded alone (libjpeg-turbo), or, where that is refused, the
     whole file decoded first, as ``pixels.JpegPixels`` does."""
-    from nano_patch.vision import decode, native
+    from nano_patch.vision import decode, native, native_kernels
 
     path = tmp_path / "p.jpg"
     photos[0].save(path, quality=90)
@@ -398,8 +398,8 @@ def test_a_jpeg_not_decoded_yet_renders_its_first_crop_as_stock(patched, photos,
     size = decode.jpeg_size(data)
     if region == "refused: the whole file":
         def refuse(*args, **kwargs):
-            raise native.JpegRegionError("refused")
-        monkeypatch.setattr(native, "decode_jpeg_region", refuse)
+            raise native_kernels.JpegRegionError("refused")
+        monkeypatch.setattr(native_kernels, "decode_jpeg_region", refuse)
     elif not native.available("crop_decode"):
         pytest.skip("crop decoding is not built here")
     tf = PIPELINES["pets"]()

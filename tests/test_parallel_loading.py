@@ -16,6 +16,7 @@ from _rng import rng_differences, rng_state, seed_all
 from torch.utils.data import DataLoader, Subset
 
 import nano_patch
+from nano_patch import sysinfo
 from nano_patch.data import loader_pool
 from nano_patch.vision import compose_plan, oprunner
 
@@ -233,11 +234,26 @@ def test_a_bad_loader_threads_value_names_the_option_and_the_accepted_values(val
     assert not nano_patch.is_patched()
 
 
+def _quota(monkeypatch, cpus: float | None) -> None:
+    """The cgroup's CPU quota, as the core count reads it (``sysinfo``)."""
+    monkeypatch.setattr(sysinfo, "cgroup_quota", lambda: cpus)
+
+
+def test_usable_cores_are_the_affinity_capped_by_the_cgroup_quota(monkeypatch):
+    monkeypatch.setattr(sysinfo.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6, 7})
+    _quota(monkeypatch, None)
+    assert sysinfo.usable_cores() == 8 and sysinfo.affinity_cpus() == list(range(8))
+    _quota(monkeypatch, 2.5)  # a container given 2.5 CPUs
+    assert sysinfo.usable_cores() == 3
+    _quota(monkeypatch, 0.2)
+    assert sysinfo.usable_cores() == 1
+
+
 def test_the_pool_is_sized_to_the_usable_cores(monkeypatch, tmp_path):
     monkeypatch.setattr(loader_pool.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6, 7})
-    monkeypatch.setattr(loader_pool, "_cgroup_quota", lambda: None)
+    _quota(monkeypatch, None)
     assert loader_pool.usable_cores() == 8
-    monkeypatch.setattr(loader_pool, "_cgroup_quota", lambda: 2.5)  # a container given 2.5 CPUs
+    _quota(monkeypatch, 2.5)  # a container given 2.5 CPUs
     assert loader_pool.usable_cores() == 3
     nano_patch.patch_torch()
     assert loader_pool._auto_threads().ladder == [1, 2, 3]  # auto tries counts up to the usable cores
@@ -364,10 +380,10 @@ def test_the_common_batch_is_collated_as_stocks_default_collate(mixed_folder, mo
 
 def _slots_batch(n=3):
     """``n`` (image, target) pairs whose images are the marked slots of one batch tensor, as the render makes."""
-    from nano_patch.data import collate
+    from nano_patch.vision.batch_slots import mark_slot
 
     base = torch.arange(n * 2 * 3 * 4, dtype=torch.float32).reshape(n, 2, 3, 4)
-    return base, [(collate.mark_slot(slot, base, k), k + 10) for k, slot in enumerate(base.unbind(0))]
+    return base, [(mark_slot(slot, base, k), k + 10) for k, slot in enumerate(base.unbind(0))]
 
 
 def test_collate_pairs_takes_only_what_stocks_walk_would_collate_the_same_way(monkeypatch):

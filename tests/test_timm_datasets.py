@@ -62,14 +62,14 @@ TRANSFORMS = {
 
 @pytest.mark.parametrize("name", list(TRANSFORMS))
 def test_image_dataset_equals_stock_and_decodes_through_the_patch(image_folder, name, monkeypatch):
-    from nano_patch.vision import native
+    from nano_patch.vision import native_kernels
 
     stock = _run(image_folder, **TRANSFORMS[name])
     seen = []
     real = decode.decode_rgb_reproducibly
     monkeypatch.setattr(decode, "decode_rgb_reproducibly", lambda p, *a, **k: seen.append(p) or real(p, *a, **k))
-    window = native.decode_jpeg_region
-    monkeypatch.setattr(native, "decode_jpeg_region", lambda *a, **k: seen.append(a[1:]) or window(*a, **k))
+    window = native_kernels.decode_jpeg_region
+    monkeypatch.setattr(native_kernels, "decode_jpeg_region", lambda *a, **k: seen.append(a[1:]) or window(*a, **k))
     nano_patch.patch_torch()
     got = _run(image_folder, **TRANSFORMS[name])
     _assert_same(got, stock)

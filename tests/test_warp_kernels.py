@@ -24,7 +24,7 @@ from torchvision.transforms import _functional_pil as F_pil
 
 import nano_patch
 from nano_patch.vision import functional as K
-from nano_patch.vision import native
+from nano_patch.vision import native, native_checks, native_kernels
 from nano_patch.vision.image import FastImage
 
 F = T.functional
@@ -48,7 +48,8 @@ def isa(request):
 def _native(a: np.ndarray, size: tuple[int, int], data, perspective: bool, f, fillcolor=None) -> np.ndarray:
     img_mode = "L" if a.ndim == 2 else "RGB"
     n = 8 if perspective else 6
-    return native.warp(a, (size[1], size[0]), list(data)[:n], perspective, int(f), K.fill_bytes(img_mode, fillcolor))
+    return native_kernels.warp(a, (size[1], size[0]), list(data)[:n], perspective, int(f),
+                               K.fill_bytes(img_mode, fillcolor))
 
 
 def _assert_transform(a: np.ndarray, size, data, perspective: bool, f, fillcolor=None, what="") -> None:
@@ -62,7 +63,7 @@ def _assert_transform(a: np.ndarray, size, data, perspective: bool, f, fillcolor
 
 
 def _probe(h: int, w: int, seed: int = 0) -> np.ndarray:
-    return native.probe_image(h, w, seed)
+    return native_checks.probe_image(h, w, seed)
 
 
 def test_the_warp_kernel_passes_its_check_here():
@@ -88,7 +89,7 @@ def test_rotate_data_is_image_rotates(mode, monkeypatch):
         expand = bool(k % 2)
         center = None if k % 3 == 0 else (float(rng.uniform(-5, 40)), float(rng.uniform(-5, 30)))
         translate = None if k % 5 else (int(rng.integers(-6, 7)), int(rng.integers(-6, 7)))
-        m, size = native.rotate_data(img.width, img.height, angle % 360.0, expand, center, translate)
+        m, size = native_checks.rotate_data(img.width, img.height, angle % 360.0, expand, center, translate)
         monkeypatch.setattr(Image.Image, "transform", recording)
         handed.clear()
         img.rotate(angle, Image.BILINEAR, expand, center, translate)
@@ -112,7 +113,7 @@ def test_rotations_every_filter(isa, mode, photos):
     for i, angle in enumerate(angles):
         expand = bool(i % 2)
         center = None if i % 3 else (float(rng.uniform(0, 123)), float(rng.uniform(0, 100)))
-        m, size = native.rotate_data(img.width, img.height, angle % 360.0, expand, center)
+        m, size = native_checks.rotate_data(img.width, img.height, angle % 360.0, expand, center)
         for f in FILTERS:
             fill = [None, 17, (250, 3, 128)][i % 3] if mode == "RGB" else [None, 200, (9,)][i % 3]
             _assert_transform(a, size, m, False, f, fill, f"rotate {angle}")
@@ -180,7 +181,7 @@ def test_tiny_and_odd_sizes(isa):
         for a in (rgb, np.ascontiguousarray(rgb[..., 2])):
             for angle in (0.0, 1e-3, 30.0, 90.0, 135.0, 200.0):
                 for expand in (False, True):
-                    m, size = native.rotate_data(w, h, angle, expand)
+                    m, size = native_checks.rotate_data(w, h, angle, expand)
                     for f in FILTERS:
                         _assert_transform(a, size, m, False, f, None, f"tiny {h}x{w} {angle}")
             coeffs = [1.1, 0.2, -0.3, -0.1, 0.9, 0.4, 0.01, -0.02]
@@ -207,7 +208,7 @@ def test_real_photo_crops(isa, photos):
             start, end = T.RandomPerspective.get_params(w, h, 0.6)
             _assert_transform(a, (w, h), F._get_perspective_coeffs(start, end), True, f, None, f"crop {trial}")
         else:
-            m, size = native.rotate_data(w, h, float(rng.uniform(0, 360)), bool(trial % 2))
+            m, size = native_checks.rotate_data(w, h, float(rng.uniform(0, 360)), bool(trial % 2))
             _assert_transform(a, size, m, False, f, None, f"crop {trial}")
 
 
@@ -216,7 +217,7 @@ def test_fills_of_every_form():
     packed into RGB, four values, values out of range): PIL's own reading of each."""
     rgb = _probe(17, 19)
     grey = np.ascontiguousarray(rgb[..., 0])
-    m, size = native.rotate_data(19, 17, 33.0, True)
+    m, size = native_checks.rotate_data(19, 17, 33.0, True)
     for a, fills in ((rgb, [None, 0, 7, 300, -4, (1, 2, 3), (1, 2, 3, 4), (300, -1, 128), "red", "#0a0b0c",
                             0x010203, (5,)]),
                      (grey, [None, 0, 99, 300, -4, (77,), "white"])):
@@ -245,7 +246,7 @@ def test_undefined_coordinates_are_left_to_pil():
     for coeffs, persp in ((zero_over_zero, True), ([float("nan"), 0, 0, 0, 1, 0], False),
                           ([1.0, 0, float("inf"), 0, 1, 0], False)):
         for f in FILTERS:
-            with pytest.raises(native.NotReproducible):
+            with pytest.raises(native_kernels.NotReproducible):
                 _native(a, (11, 9), coeffs, persp, f)
             want = np.asarray(img.transform((11, 9), PERSPECTIVE if persp else AFFINE, coeffs, f))
             assert np.array_equal(K.warp(a, (11, 9), coeffs, persp, f, None), want)
@@ -254,13 +255,13 @@ def test_undefined_coordinates_are_left_to_pil():
 def test_bad_arguments_are_named():
     a = _probe(5, 6)
     with pytest.raises(ValueError, match="filters"):
-        native.warp(a, (5, 6), [1, 0, 0, 0, 1, 0], False, Image.BOX, b"\0\0\0")
+        native_kernels.warp(a, (5, 6), [1, 0, 0, 0, 1, 0], False, Image.BOX, b"\0\0\0")
     with pytest.raises(ValueError, match="6 numbers"):
-        native.warp(a, (5, 6), [1, 0, 0, 0, 1], False, Image.BILINEAR, b"\0\0\0")
+        native_kernels.warp(a, (5, 6), [1, 0, 0, 0, 1], False, Image.BILINEAR, b"\0\0\0")
     with pytest.raises(ValueError, match="fill needs 3"):
-        native.warp(a, (5, 6), [1, 0, 0, 0, 1, 0], False, Image.BILINEAR, b"\0")
+        native_kernels.warp(a, (5, 6), [1, 0, 0, 0, 1, 0], False, Image.BILINEAR, b"\0")
     with pytest.raises(ValueError, match="positive"):
-        native.warp(a, (0, 6), [1, 0, 0, 0, 1, 0], False, Image.BILINEAR, b"\0\0\0")
+        native_kernels.warp(a, (0, 6), [1, 0, 0, 0, 1, 0], False, Image.BILINEAR, b"\0\0\0")
 
 
 # --- torchvision under the patch, against stock ------------------------------------------------------
@@ -328,13 +329,13 @@ def test_torchvision_under_the_patch_equals_stock(mode, photos, monkeypatch):
 def _count_native_warps(monkeypatch) -> list[int]:
     """Record each call of the native warp (one entry per call)."""
     ran: list[int] = []
-    real = native.warp
+    real = native_kernels.warp
 
     def counted(*args, **kwargs):
         ran.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(native, "warp", counted)
+    monkeypatch.setattr(native_kernels, "warp", counted)
     return ran
 
 
@@ -477,9 +478,9 @@ def sabotaged(tmp_path_factory):
 def test_a_sabotaged_warp_is_refused_by_the_check(sabotaged, isa_name):
     sabotaged.set_isa(isa_name)
     for f in FILTERS:  # each filter's arithmetic on its own, on this instruction set
-        why = native.check_warp(sabotaged, filters=(int(f),))
+        why = native_checks.check_warp(sabotaged, filters=(int(f),))
         assert why and "differs" in why, (isa_name, int(f), why)
-    assert "differs" in (native.check_warp(sabotaged) or "")
+    assert "differs" in (native_checks.check_warp(sabotaged) or "")
 
 
 def test_a_refused_warp_means_pil_code_with_stock_pixels(sabotaged, monkeypatch, photos):
@@ -506,7 +507,7 @@ def test_quarter_turns_by_matrix_are_the_transposes(isa):
     ``Image.rotate`` (and so ``pil_rotate``) takes whatever the filter."""
     a = _probe(12, 12)
     for angle in (90.0, 180.0, 270.0):
-        m, size = native.rotate_data(12, 12, angle)
+        m, size = native_checks.rotate_data(12, 12, angle)
         assert all(v == round(v) for v in m), m
         for f in FILTERS:
             got = _native(a, size, m, False, f)

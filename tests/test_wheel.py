@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nano_patch.vision import native
+from nano_patch.vision import native, native_checks
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Set by scripts/check-wheel to the installed package's site folder. Read once here: the suite's autouse
@@ -56,9 +56,8 @@ def test_the_kernels_choose_the_instruction_set_this_cpu_has():
     want = _cpu_isa()
     if want is None:
         pytest.skip("no x86 CPU flags here")
-    from nano_patch.vision import extension
 
-    assert extension.load().best_isa() == want
+    assert native.load_extension().best_isa() == want
 
 
 @needs_compiler
@@ -73,7 +72,7 @@ def test_a_stable_abi_build_is_abi3_and_exact(tmp_path, monkeypatch):
     spec = importlib.util.spec_from_file_location("abi3_build._native", built)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    for name, check in native.CHECKS.items():
+    for name, check in native_checks.CHECKS.items():
         if name not in native.JPEG_KERNELS:
             assert check(mod) is None, name
 
@@ -132,3 +131,16 @@ def _region(jpeg, data: bytes, top: int, left: int, height: int, width: int):
 
     buf, stride, oy, ox = jpeg.decode_region(data, top, left, height, width)
     return np.frombuffer(buf, np.uint8).reshape(-1, stride // 3, 3)[oy:oy + height, ox:ox + width]
+
+
+def test_the_wheel_build_names_a_missing_nasm_in_one_line(monkeypatch):
+    """A bare Debian machine has no nasm, which libjpeg-turbo's x86-64 SIMD code needs: ``scripts/build-wheel``
+    stops before anything else, with one line that says how to install it."""
+    spec = importlib.util.spec_from_file_location("build_wheel_script", ROOT / "scripts" / "build_wheel.py")
+    build_wheel = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build_wheel)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(SystemExit, match="nasm is missing.*apt-get install nasm") as stopped:
+        build_wheel.main(["--arch", "x86_64", str(ROOT / "no-such-output")])
+    assert "\n" not in str(stopped.value)
+    build_wheel.require_nasm("aarch64")  # (libjpeg-turbo's Neon code is C: nothing to assemble)

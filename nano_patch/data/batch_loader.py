@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import report
+from .. import config, report
 from ..vision import (
     cache,
     compose_call,
@@ -52,6 +52,7 @@ from ..vision import (
 )
 from ..vision.cache import fill
 from ..vision.image import FastImage, plain
+from ..vision.tensor_tail import ErasedImage
 from . import collate, loader_pool, torch_state
 
 #: A sample's pixels, as the draw found them: one of these kinds, with what the render needs.
@@ -89,15 +90,13 @@ class Rendered:
 
 def why_not_split(transform: Any) -> str | None:
     """Why samples of ``transform`` cannot be drawn apart from their pixels (None: they can)."""
-    import nano_patch
-
     if transform is None:
         return None
     from torchvision.transforms import Compose
 
     if not compose_call.behaves_as(transform, Compose):
         return f"the transform is a {type(transform).__name__}, not a torchvision Compose"
-    if nano_patch.options().scaled_decode:
+    if config.current().scaled_decode:
         return "scaled_decode fuses the first Resize into the decode"
     return compose_plan.plan_for(transform).unsplittable
 
@@ -406,8 +405,6 @@ def _take(run: _Run, drawn: _Drawn, outcomes: list[tuple[bool, Any]], entries: l
     """The take stage, sample by sample in order: the ``target_transform`` with the generators where stock has them
     after that sample's draws; a sample that failed loaded by stock's own code, from stock's state before it (and
     those after it too). Returns how many samples were taken from the batch path."""
-    from . import device_tail
-
     jobs, before, after = drawn.jobs, drawn.before, drawn.after
     target_transform = run.target_transform
     committed = 0
@@ -439,7 +436,7 @@ def _take(run: _Run, drawn: _Drawn, outcomes: list[tuple[bool, Any]], entries: l
                 stale = True
         sample = rendered.sample
         if job.recording is not None and job.recording.erasures is not None:
-            sample = device_tail.ErasedImage(sample, job.recording.erasures)  # the tail is left to the device
+            sample = ErasedImage(sample, job.recording.erasures)  # the tail is left to the device
         out.append((sample, target))
         committed = j + 1
     return committed
@@ -609,7 +606,7 @@ def _native_batch(jobs: list[Job]) -> oprunner.NativeBatch | None:
 
 
 def _erasing(jobs: list[Job]) -> bool:
-    """Some sample goes out with RandomErasing's draws for the device (``device_tail.ErasedImage``)."""
+    """Some sample goes out with RandomErasing's draws for the device (``tensor_tail.ErasedImage``)."""
     return any(job.recording is not None and job.recording.erasures is not None for job in jobs)
 
 

@@ -1,14 +1,15 @@
 """Collation that costs nothing: a batch whose samples were rendered into one batch tensor is that tensor.
 
-The native op runner (``vision/oprunner.py``) writes each sample's image tensor straight into its slot of a
-batch tensor laid out as ``torch.stack`` lays the samples out, and marks each slot. ``default_collate`` stacks
-tensors through ``default_collate_fn_map[torch.Tensor]``; while the DataLoader patch is applied that entry is
-:func:`collate_tensor`: where ``batch`` is exactly the marked slots of one batch tensor, in order, each still a
-view of its place, the stack's result is already there (the same values, dtype, shape and strides), so it is
-returned instead of copied. Anything else is stock's ``collate_tensor_fn``. The marks are taken off as the batch
-is handed over, so a second collation of the same samples stacks them as stock does. The batch and its samples
-share memory (stock's stack is a copy): a ``collate_fn`` of your own that calls ``default_collate`` and then writes
-into its result in place writes into the samples too; torch's own fetcher drops the samples once collated.
+The native op runner (``vision/oprunner.py``) writes each sample's image tensor straight into its slot of a batch
+tensor laid out as ``torch.stack`` lays the samples out, and marks each slot (``vision/batch_slots.py``).
+``default_collate`` stacks tensors through ``default_collate_fn_map[torch.Tensor]``; while the DataLoader patch is
+applied that entry is :func:`collate_tensor` (put there, and back at revert, through the patch's record): where
+``batch`` is exactly the marked slots of one batch tensor, in order, each still a view of its place, the stack's
+result is already there (the same values, dtype, shape and strides), so it is returned instead of copied. Anything
+else is stock's ``collate_tensor_fn``. The marks are taken off as the batch is handed over, so a second collation of
+the same samples stacks them as stock does. The batch and its samples share memory (stock's stack is a copy): a
+``collate_fn`` of your own that calls ``default_collate`` and then writes into its result in place writes into the
+samples too; torch's own fetcher drops the samples once collated.
 """
 
 from __future__ import annotations
@@ -17,16 +18,14 @@ import operator
 import threading
 from typing import Any
 
-_MARK = "_nano_patch_batch_slot"
+from ..registry import AttributeRecord
+from ..vision.batch_slots import slot_of, unmark
+
 _stock_collate_tensor: Any = None
+#: where :func:`install` was called without the patch's record: what :func:`uninstall` puts back
+_unrecorded = AttributeRecord()
 #: per thread, the batch a batch loader just made whole (:func:`hand_over`), until the fetch takes it
 _handed = threading.local()
-
-
-def mark_slot(slot: Any, base: Any, k: int) -> Any:
-    """Mark ``slot`` as sample ``k`` of the batch tensor ``base``; returns it."""
-    setattr(slot, _MARK, (base, k))
-    return slot
 
 
 def hand_over(base: Any, slots: tuple[Any, ...]) -> None:
@@ -50,7 +49,7 @@ def batch_of(batch: list[Any]) -> Any:
 
     if not batch or type(batch[0]) is not torch.Tensor:
         return None
-    info = getattr(batch[0], _MARK, None)
+    info = slot_of(batch[0])
     if info is None:
         return None
     base = info[0]
@@ -61,7 +60,7 @@ def batch_of(batch: list[Any]) -> Any:
     shape, strides, dtype = base.shape[1:], base.stride()[1:], base.dtype
     tensor = torch.Tensor
     for k, t in enumerate(batch):
-        mark = getattr(t, _MARK, None) if type(t) is tensor else None
+        mark = slot_of(t) if type(t) is tensor else None
         if mark is None or mark[0] is not base or mark[1] != k:
             return None
         if t.data_ptr() != start + k * step or t.shape != shape or t.dtype != dtype or t.requires_grad:
@@ -93,7 +92,7 @@ def collate_pairs(data: Any, handed: tuple[Any, tuple[Any, ...]] | None = None) 
             type(data[0][1]) is not int or any(isinstance(data[0], kind) for kind in fn_map):
         return None  # (stock's walk would give a tuple to a collate function of the map)
     images, targets = zip(*data)
-    if getattr(images[0], _MARK, None) is None:
+    if slot_of(images[0]) is None:
         return None
     if handed is not None and len(images) == len(handed[1]) and all(map(operator.is_, images, handed[1])) \
             and (torch.utils.data.get_worker_info() is None or handed[0].is_shared()):
@@ -103,7 +102,7 @@ def collate_pairs(data: Any, handed: tuple[Any, tuple[Any, ...]] | None = None) 
     if base is None:
         return None
     for t in images:
-        delattr(t, _MARK)
+        unmark(t)
     return [base, collate.collate_int_fn(targets, collate_fn_map=fn_map)]
 
 
@@ -113,12 +112,13 @@ def collate_tensor(batch: list[Any], *, collate_fn_map: Any = None) -> Any:
     if base is None:
         return _stock_collate_tensor(batch, collate_fn_map=collate_fn_map)
     for t in batch:
-        delattr(t, _MARK)
+        unmark(t)
     return base
 
 
-def install() -> None:
-    """Put :func:`collate_tensor` in ``default_collate_fn_map`` (the DataLoader patch)."""
+def install(record: AttributeRecord | None = None) -> None:
+    """Put :func:`collate_tensor` in ``default_collate_fn_map`` (the DataLoader patch), in the patch's ``record``,
+    which puts stock's back at revert."""
     global _stock_collate_tensor
     import torch
     from torch.utils.data._utils import collate
@@ -127,13 +127,11 @@ def install() -> None:
     if current is collate_tensor:
         return
     _stock_collate_tensor = current
-    collate.default_collate_fn_map[torch.Tensor] = collate_tensor
+    (_unrecorded if record is None else record).replace_item(collate.default_collate_fn_map, torch.Tensor,
+                                                             collate_tensor)
 
 
 def uninstall() -> None:
-    """Put stock's tensor collation back."""
-    import torch
-    from torch.utils.data._utils import collate
-
-    if collate.default_collate_fn_map.get(torch.Tensor) is collate_tensor and _stock_collate_tensor is not None:
-        collate.default_collate_fn_map[torch.Tensor] = _stock_collate_tensor
+    """Put stock's tensor collation back where :func:`install` was given no record (a patch's record puts it back
+    itself)."""
+    _unrecorded.restore()

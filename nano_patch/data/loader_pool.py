@@ -1,14 +1,15 @@
-"""The loader's threads: one pool per process that loads the samples of a batch (``--loader-threads``).
+"""The loader's threads: how many load each batch of a ``num_workers=0`` DataLoader (``--loader-threads``), and
+the threads that run a batch's renders.
 
-Used only while a batch is being fetched, by ``data/batch_loader.py``: a ``num_workers=0`` DataLoader of a
-patched dataset renders its samples here. Inside DataLoader worker processes it is one thread (each
-worker is already one of many processes). Sized to the cores this process may use: its affinity mask,
-and the cgroup's CPU quota where one is set (a container given 2 CPUs of a 64-core host gets 2 threads).
+Used while a batch is being fetched, by ``data/batch_loader.py``. Three kinds of thread serve it: the native helpers
+of the extension (``csrc/helpers.c``: a batch's native calls, no GIL taken), parked Python helpers where those are
+missing (:func:`run_on_threads`), and a thread pool for renders that run Python (:func:`map_outcomes`). Inside a
+DataLoader worker process the count is one (each worker is already one of many processes). Sized to the cores this
+process may use (``sysinfo.usable_cores``: its affinity mask, capped by the cgroup's CPU quota: a container given 2
+CPUs of a 64-core host gets 2 threads).
 
-``auto`` does not take every core on trust: the serial part of each sample (its draws, in the calling thread,
-and what of its render holds the GIL) makes more threads slower past a point that depends on the pipeline, the
-cache and the machine. :class:`AutoThreads` chooses the count from the batches' own throughput as the process
-runs (the rule is in its docstring and in docs/reference.md).
+``auto`` starts on every usable core and takes fewer only where fewer measured faster (:class:`AutoThreads`; the
+rule is in its docstring and in docs/reference.md).
 
 Shared state is a lock-guarded pool and setting, so that it stays correct on a free-threaded Python.
 """
@@ -16,7 +17,6 @@ Shared state is a lock-guarded pool and setting, so that it stays correct on a f
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import threading
 import time
@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, TypeVar
+
+from ..sysinfo import usable_cores
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -234,36 +236,6 @@ def _drop_pool() -> None:
             _crew = None
         finally:
             _crew_busy.release()
-
-
-def _cgroup_quota() -> float | None:
-    """CPUs the cgroup's quota allows (cgroup v2 ``cpu.max``, or v1's CFS quota), or None where unlimited."""
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()[:2]
-        return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
-        pass
-    try:
-        with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") as f:
-            quota_us = int(f.read())
-        with open("/sys/fs/cgroup/cpu/cpu.cfs_period_us") as f:
-            period_us = int(f.read())
-        return None if quota_us <= 0 else quota_us / period_us
-    except (OSError, ValueError):
-        return None
-
-
-def usable_cores() -> int:
-    """Cores this process may run on: its affinity mask, capped by the cgroup's CPU quota."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        cores = os.cpu_count() or 1
-    quota = _cgroup_quota()
-    if quota is not None:
-        cores = min(cores, max(1, math.ceil(quota)))
-    return max(1, cores)
 
 
 def in_worker_process() -> bool:

@@ -2,13 +2,14 @@
 device.
 
 A dataset qualifies when its transform is a stock ``Compose`` (v1 or v2) ending in the tensor tail
-(``data/device_tail.py``: ``ToTensor``/``MaybeToTensor`` or ``ToImage``/``PILToTensor`` + ``ToDtype``, optionally
+(``vision/tensor_tail.py``: ``ToTensor``/``MaybeToTensor`` or ``ToImage``/``PILToTensor`` + ``ToDtype``, optionally
 ``Normalize``, optionally ``RandomErasing``) and its images come from the stock RGB loader. In each worker, that
 ``Compose`` (the worker's own copy) stops before the tail and returns a uint8 CHW tensor (with the erasers' draws):
 a quarter of the bytes of float32 through shared memory. After collation, the main process makes the tail's
-operations on the whole batch, the very operations stock makes per image, so the values are equal; or, where the
-Trainer defers the tail (``train/device_tail.py``), hands the uint8 batch on as a :class:`DeferredImages` that
-Lightning's transfer finishes on the device. ``dataset[i]`` in the main process is untouched.
+operations on the whole batch, the very operations stock makes per image (``data/finish_tail.py``), so the values
+are equal; or, where the Trainer defers the tail (``train/tail_deferral.py``), hands the uint8 batch on as a
+:class:`DeferredImages` that Lightning's transfer finishes on the device. ``dataset[i]`` in the main process is
+untouched.
 """
 
 from __future__ import annotations
@@ -17,10 +18,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from .device_tail import DeferredImages, TailSpec, apply_tail, find_tail, memory_format, register_collate, split_batch
-
-#: Built-in datasets whose ``__getitem__`` the vision patch routes through the RGB loader.
-_ADAPTED = ("Flowers102", "Food101", "DTD", "StanfordCars", "OxfordIIITPet")
+from ..vision.tensor_tail import TailSpec, find_tail
+from .finish_tail import DeferredImages, apply_tail, memory_format, register_collate, split_batch
 
 
 def _root_dataset(dataset: Any) -> Any:
@@ -34,11 +33,13 @@ def _rgb_loading(dataset: Any) -> bool:
     datasets = sys.modules.get("torchvision.datasets")
     if datasets is None:
         return False
+    from ..vision import loading
+
     folder = datasets.folder
     if isinstance(dataset, folder.DatasetFolder):
         return inherits_getitem(type(dataset), folder.DatasetFolder) and dataset.loader in (
             folder.default_loader, folder.pil_loader)
-    return any(type(dataset) is getattr(datasets, name, None) for name in _ADAPTED)
+    return any(type(dataset) is getattr(datasets, name, None) for name in loading.RGB_DATASETS)
 
 
 def inherits_getitem(cls: type, base: type) -> bool:

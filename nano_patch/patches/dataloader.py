@@ -57,18 +57,19 @@ class DataLoaderPatch(Patch):
     def _apply(self, module: ModuleType, options: Options) -> None:
         from torch.utils.data._utils import fetch as torch_fetch
 
-        from ..data import collate, fetch, loader_pool, uint8_batches
+        from ..data import collate, fetch, finish_tail, loader_pool, uint8_batches
         from ..vision import native
 
         loader_pool.configure(options.loader_threads)
-        collate.install()  # a batch the loader's threads rendered into one tensor is collated as that tensor
+        collate.install(self.record)  # a batch the loader's threads rendered into one tensor is collated as it is
+        finish_tail.register_collate(self.record)  # (samples that carry RandomErasing's draws to the device)
         fetcher = torch_fetch._MapDatasetFetcher
         self.record.replace(fetcher, "fetch", fetch.make_fetch(vars(fetcher)["fetch"], module.Subset))
 
         def init(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             result = wrapped(*args, **kwargs)  # stock's own arguments, errors and defaults
             spec, why = _uint8_spec(instance, options)
-            instance._nano_tail = spec  # the tail a Trainer may defer to the device (train/device_tail.py)
+            instance._nano_tail = spec  # the tail a Trainer may defer to the device (train/tail_deferral.py)
             if instance.num_workers == 0:
                 spec, why = None, "num_workers=0: nothing crosses processes"
             if options.vision and instance.dataset is not None and fetch.patched_dataset(instance.dataset):
@@ -78,11 +79,11 @@ class DataLoaderPatch(Patch):
             return result
 
         def iter_(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            from ..train import device_tail
+            from ..train import tail_deferral
 
             spec = getattr(instance, "_nano_uint8", None)
             tail = getattr(instance, "_nano_tail", None)
-            defer, _ = device_tail.decide(instance, tail, instance.num_workers > 0)
+            defer, _ = tail_deferral.decide(instance, tail, instance.num_workers > 0)
             here = None
             if instance.num_workers > 0:
                 iterator = loader_iterator = _worker_iterator(wrapped, instance, args, kwargs,
@@ -92,10 +93,8 @@ class DataLoaderPatch(Patch):
                 spec = spec if getattr(instance, "_nano_workers_uint8", False) else None
             else:
                 iterator = loader_iterator = wrapped(*args, **kwargs)
-                if defer:  # num_workers=0: this thread's draws stop before the tail
+                if defer:  # num_workers=0: this thread's draws stop before the tail (RandomErasing's ride along)
                     spec, here = tail, uint8_batches.uint8_transform(instance.dataset)[0]
-                    if spec.erasers:
-                        uint8_batches.register_collate()  # the samples are ErasedImage: the erasers' draws ride along
             if spec is not None:
                 iterator = uint8_batches.Uint8Batches(iterator, spec, defer=defer, here=here)
             if report.stats is not None:
@@ -172,7 +171,6 @@ class DataLoaderPatch(Patch):
         self.record.wrap(module.DataLoader, "__iter__", iter_)
 
     def _revert(self) -> None:
-        from ..data import collate, loader_pool
+        from ..data import loader_pool
 
-        loader_pool.configure("off")
-        collate.uninstall()
+        loader_pool.configure("off")  # (the collation entries go back with the record)

@@ -31,10 +31,8 @@ class LaunchCommandPatch(Patch):
     requires: ClassVar[dict[str, str]]
 
     def __init__(self, target: str) -> None:
-        super().__init__()
-        self.target = target  # type: ignore[misc]
-        self.name = f"launch-command[{target.rsplit('.strategies', 1)[0]}]"  # type: ignore[misc]
-        self.requires = {TARGETS[target]: ">=2.4,<2.7"}  # type: ignore[misc]
+        super().__init__(target, f"launch-command[{target.rsplit('.strategies', 1)[0]}]",
+                         {TARGETS[target]: ">=2.4,<2.7"})
 
     def check_internals(self, module: ModuleType) -> str | None:
         missing = [b for b in BUILDERS if not callable(vars(module).get(b))]

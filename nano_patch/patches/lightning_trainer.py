@@ -14,13 +14,13 @@ import functools
 import importlib
 import inspect
 import logging
-import warnings
 from types import ModuleType
 from typing import Any, ClassVar
 
 from ..config import ConfigError, Options
-from ..registry import NanoPatchWarning, Patch
+from ..registry import Patch
 from ..train.legacy import pop_legacy
+from ..train.training_plan import warn_bf16_once
 
 log = logging.getLogger("nano_patch")
 
@@ -32,11 +32,8 @@ class LightningTrainerPatch(Patch):
     requires: ClassVar[dict[str, str]]
 
     def __init__(self, namespace: str) -> None:
-        super().__init__()
-        self.target = namespace  # type: ignore[misc]
-        self.name = f"trainer[{namespace}]"  # type: ignore[misc]
         dist = "pytorch-lightning" if namespace == "pytorch_lightning" else "lightning"
-        self.requires = {dist: ">=2.4,<2.7"}  # type: ignore[misc]
+        super().__init__(namespace, f"trainer[{namespace}]", {dist: ">=2.4,<2.7"})
         self._registered: list[tuple[dict[str, Any], str]] = []
 
     def check_internals(self, module: ModuleType) -> str | None:
@@ -75,12 +72,12 @@ class LightningTrainerPatch(Patch):
         self.record.replace(Trainer, "compile", staticmethod(compile_for(pl)))
         self.record.wrap(Trainer, "fit", _noting_fit)
         # issue 33: a loader Lightning's own loop iterates may hand its tensor tail to the device
-        from ..train import device_tail
+        from ..train import tail_deferral
         fetchers = importlib.import_module(f"{self.target}.loops.fetchers")
         if "_run_stage" in vars(Trainer) and hasattr(fetchers, "_DataFetcher"):  # else: the tail stays on the CPU
-            self.record.wrap(Trainer, "_run_stage", device_tail.running)
-            self.record.wrap(fetchers._DataFetcher, "__iter__", device_tail.iterating)
-            self.record.wrap(fetchers._DataFetcher, "__next__", device_tail.iterating)  # loaders started lazily
+            self.record.wrap(Trainer, "_run_stage", tail_deferral.running)
+            self.record.wrap(fetchers._DataFetcher, "__iter__", tail_deferral.iterating)
+            self.record.wrap(fetchers._DataFetcher, "__next__", tail_deferral.iterating)  # loaders started lazily
 
     def _revert(self) -> None:
         while self._registered:
@@ -261,15 +258,3 @@ def _multi_instance(pl: ModuleType, kwargs: dict[str, Any], n: int, cores: Any, 
         n, n * int(kwargs.get("num_nodes", 1) or 1),
     )
     return kwargs
-
-
-@functools.lru_cache(maxsize=1)
-def warn_bf16_once() -> None:
-    from .. import sysinfo
-
-    if not sysinfo.has_native_bf16():
-        warnings.warn(
-            "nano-patch: precision='bf16' on a CPU without avx512_bf16 or AMX is usually slower than fp32",
-            NanoPatchWarning,
-            stacklevel=5,
-        )

@@ -206,21 +206,25 @@ def _caltech_adapter() -> Callable[..., Any]:
 def builtin_adapters(module: ModuleType, known: tuple[Callable[..., Any], ...]) -> dict[type, Callable[..., Any]]:
     from torchvision.datasets import folder
 
+    from ..vision import loading
+
     def files(inst: Any, i: int) -> tuple[Any, Any]:
         return inst._image_files[i], inst._labels[i]
 
     def samples(inst: Any, i: int) -> tuple[Any, Any]:
         return inst._samples[i]
 
+    getters = {"Flowers102": files, "Food101": files, "DTD": files, "StanfordCars": samples}
     adapters: dict[type, tuple[Callable[..., Any], Callable[..., Any] | None]] = {}
-    for name, getter in (("Flowers102", files), ("Food101", files), ("DTD", files), ("StanfordCars", samples)):
+    for name in loading.RGB_DATASETS:  # (the uint8 batches' list too: data/uint8_batches.py)
         cls = getattr(module, name, None)
-        if isinstance(cls, type) and "__getitem__" in vars(cls):
-            adapters[cls] = (_loader_adapter(folder, known, getter),
-                             _batch_adapter(cls, _loader_batch(known), getter))
-    pet = getattr(module, "OxfordIIITPet", None)
-    if isinstance(pet, type) and "__getitem__" in vars(pet):
-        adapters[pet] = (_pet_adapter(), _batch_adapter(pet, _pet_batch, _pet_sample, _pet_transforms))
+        if not (isinstance(cls, type) and "__getitem__" in vars(cls)):
+            continue
+        if name == "OxfordIIITPet":
+            adapters[cls] = (_pet_adapter(), _batch_adapter(cls, _pet_batch, _pet_sample, _pet_transforms))
+        else:
+            adapters[cls] = (_loader_adapter(folder, known, getters[name]),
+                             _batch_adapter(cls, _loader_batch(known), getters[name]))
     caltech = getattr(module, "Caltech101", None)
     if isinstance(caltech, type) and "__getitem__" in vars(caltech):
         adapters[caltech] = (_caltech_adapter(), None)  # grey photos stay "L": one by one

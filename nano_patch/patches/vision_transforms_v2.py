@@ -171,14 +171,13 @@ class _TensorTail:
         return out if out_type is None else out_type(out)
 
     def uint8_sample(self, compose: Any, spec: Any, items: list[Any], x: Any) -> Any:
-        """The steps before the tail (``spec``, a ``data.device_tail.TailSpec``), then the uint8 image the tail
-        starts from, with the erasers' draws: ``data/device_tail.py`` finishes the batch."""
+        """The steps before the tail (``spec``, a ``tensor_tail.TailSpec``), then the uint8 image the tail
+        starts from, with the erasers' draws: ``data/finish_tail.py`` finishes the batch."""
         import torch
         from PIL import Image
         from torchvision.transforms import functional as F1
 
-        from ..data import device_tail
-        from ..vision import compose_plan
+        from ..vision import compose_plan, tensor_tail
         from ..vision.image import FastImage
 
         for t in items[:spec.start]:
@@ -188,11 +187,11 @@ class _TensorTail:
             for t in items[spec.start:]:
                 x = t(x)
             return x
-        if spec.scale == device_tail.V2_MUL:
+        if spec.scale == tensor_tail.V2_MUL:
             image = items[spec.start](x).as_subclass(torch.Tensor)  # stock's ToImage/PILToTensor: its strides
         else:
             image = F1.pil_to_tensor(x)
-        return device_tail.uint8_sample(compose, spec, image)
+        return tensor_tail.uint8_sample(compose, spec, image)
 
     def _key(self, rest: list[Any], channels: int, probe_type: Any) -> tuple[Any, ...] | None:
         import torch

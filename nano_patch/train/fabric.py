@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 from ..config import ConfigError
 from . import callbacks, shutdown
 from . import strategy as strategy_mod
-from .training_plan import TrainingPlan, default_start_method, resolve_plan
+from .training_plan import TrainingPlan, default_start_method, resolve_plan, warn_bf16_once
 
 log = logging.getLogger("nano_patch")
 
@@ -78,8 +78,6 @@ def fabric_arguments(plan: TrainingPlan, fabric_kwargs: dict[str, Any], start_me
     on_cpu = kwargs["accelerator"] == "cpu"
     if plan.precision == "bf16":
         if on_cpu:
-            from ..patches.lightning_trainer import warn_bf16_once
-
             warn_bf16_once()
             plugins = kwargs.get("plugins") or []
             kwargs["plugins"] = [*(plugins if isinstance(plugins, list) else [plugins]), CPUBf16Precision()]

@@ -40,7 +40,12 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from .. import config
+from .._version import __version__
+
 log = logging.getLogger("nano_patch")
+#: The package's folder (``nano_patch/``), where this interpreter imports it from.
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: The module a launcher runs in each child rank: ``python -m nano_patch._rank (SCRIPT | -m MODULE) [ARGS]``.
 RANK_ENTRY = "nano_patch._rank"
@@ -122,12 +127,9 @@ def ensure_patched() -> None:
     """In a rank that the launcher's strategy reached unpatched (a ``spawn`` child whose interpreter skipped the
     .pth hook): patch it with the launcher's options, which it inherited in ``_NANO_PATCH_STARTUP``."""
     global patched_by
-    import nano_patch
-    from nano_patch.config import STARTUP_ENV, from_json
-
-    if nano_patch.is_patched() or STARTUP_ENV not in os.environ:
+    if config.in_force() is not None or config.STARTUP_ENV not in os.environ:
         return
-    nano_patch.patch_torch(**from_json(os.environ[STARTUP_ENV] or "{}"))
+    config.patch_process(config.from_json(os.environ[config.STARTUP_ENV] or "{}"))
     patched_by = "nano-patch's strategy (spawn)"
 
 
@@ -135,9 +137,7 @@ def _install_cause() -> str:
     """Why this interpreter would skip ``nano_patch_startup.pth``, as far as it can tell."""
     if sys.flags.no_site or sys.flags.isolated:
         return "its interpreter runs with -S or -I, which skip site processing and so .pth files"
-    import nano_patch
-
-    home = os.path.dirname(os.path.dirname(os.path.abspath(nano_patch.__file__)))
+    home = os.path.dirname(PACKAGE_DIR)
     sites = [*site.getsitepackages(), site.getusersitepackages()]
     if not any(os.path.abspath(s) == home for s in sites) and not _editable_here():
         return (f"its interpreter did not process nano_patch_startup.pth: nano-patch is imported from {home}, "
@@ -151,22 +151,20 @@ def _editable_here() -> bool:
 
 def local_record() -> dict[str, Any]:
     """This process as the other ranks see it: patched or not, version, options, how, and why not."""
-    import nano_patch
-    from nano_patch.config import STARTUP_ENV
-
-    patched = nano_patch.is_patched()
+    in_force = config.in_force()
+    patched = in_force is not None
     record: dict[str, Any] = {
         "pid": os.getpid(),
         "host": os.uname().nodename,
-        "version": nano_patch.__version__,
+        "version": __version__,
         "patched": patched,
-        "options": _jsonable(dataclasses.asdict(nano_patch.options())) if patched else None,
+        "options": _jsonable(dataclasses.asdict(in_force)) if in_force is not None else None,
         "how": (patched_by or "patch_torch()") if patched else None,
         "executable": sys.executable,
     }
     if not patched:
-        if STARTUP_ENV not in os.environ:
-            record["cause"] = (f"its environment lacks {STARTUP_ENV}, the variable nano-patch sets for the "
+        if config.STARTUP_ENV not in os.environ:
+            record["cause"] = (f"its environment lacks {config.STARTUP_ENV}, the variable nano-patch sets for the "
                                "processes it starts, and it did not call patch_torch()")
         else:
             record["cause"] = _install_cause()
@@ -186,14 +184,12 @@ def await_started_ranks(strategy: Any) -> None:
     trains alone)."""
     import torch.distributed as dist
 
-    import nano_patch
-
     launcher = getattr(strategy, "_launcher", None)
     procs = list(getattr(launcher, "procs", None) or [])
     env = getattr(strategy, "cluster_environment", None)
     if not procs or env is None or (dist.is_available() and dist.is_initialized()):
         return
-    if not nano_patch.is_patched():
+    if config.in_force() is None:
         # TorchNano/@nano in a process that did not patch: its children are not started through the rank entry
         # and run unpatched alike; the record check after init_process_group sees that they agree.
         return
@@ -267,8 +263,6 @@ def _never_announced(strategy: Any, waiting: dict[int, tuple[Any, tuple]], timeo
 
 def _child_cause(command: list[str], environ: dict[str, str] | None, code: int | None = None) -> str:
     """What the child lacked, read from its command line, environment and exit status."""
-    from nano_patch.config import STARTUP_ENV
-
     shown = " ".join(command[:6]) + (" ..." if len(command) > 6 else "")
     flags = []  # the interpreter's own options: those before the script or -m
     for arg in command[1:]:
@@ -284,8 +278,8 @@ def _child_cause(command: list[str], environ: dict[str, str] | None, code: int |
                 f"start: raise {START_TIMEOUT_ENV})")
     parts = [f"it was started as `{shown}`, without nano-patch's rank entry (-m {RANK_ENTRY}): something other "
              "than nano-patch built the command"]
-    if environ is not None and STARTUP_ENV not in environ:
-        parts.append(f"its environment lacks {STARTUP_ENV}, so nothing patched it")
+    if environ is not None and config.STARTUP_ENV not in environ:
+        parts.append(f"its environment lacks {config.STARTUP_ENV}, so nothing patched it")
     elif any(f in ("-S", "-I") or (not f.startswith("--") and f[1:].isalpha() and ("S" in f or "I" in f))
              for f in flags):
         parts.append("its interpreter runs with -S or -I, which skip nano_patch_startup.pth")

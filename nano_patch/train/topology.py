@@ -8,6 +8,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from .. import sysinfo
+
 
 @dataclass(frozen=True)
 class Core:
@@ -35,7 +37,7 @@ def _cpu_to_node() -> dict[int, int]:
 
 def usable_cpus() -> list[int]:
     """Logical CPUs in this process's affinity mask (which already reflects the cgroup cpuset)."""
-    return sorted(os.sched_getaffinity(0))
+    return sysinfo.affinity_cpus()
 
 
 def physical_cores(cpus: list[int] | None = None) -> list[Core]:

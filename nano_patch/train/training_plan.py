@@ -5,12 +5,16 @@ An explicit argument wins over the ``patch_torch()`` option, which wins over ``N
 
 from __future__ import annotations
 
+import functools
 import sys
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .. import config
 from ..config import ConfigError, validate
+from ..registry import NanoPatchWarning
 
 NANO_ARGS = ("num_processes", "cpu_for_each_process", "precision", "channels_last", "auto_lr")
 
@@ -36,12 +40,10 @@ class TrainingPlan:
 
 def resolve_plan(given: Mapping[str, Any], what: str = "argument") -> TrainingPlan:
     """Validate the nano arguments in ``given`` (a subset of :data:`NANO_ARGS`) over the defaults in force."""
-    import nano_patch
-
     from .. import exit_notices
     from . import topology
 
-    opts = nano_patch.options()
+    opts = config.current()
     exit_notices.note_picked_up(what)
     values = {k: validate(k, v, source=f"{what} {k}") for k, v in given.items() if v is not None}
     n = values.get("num_processes", opts.num_processes)
@@ -70,3 +72,16 @@ def default_start_method() -> str:
     main = sys.modules.get("__main__")
     interactive = main is None or not hasattr(main, "__file__") or hasattr(sys, "ps1")
     return "fork" if interactive else "popen"
+
+
+@functools.lru_cache(maxsize=1)
+def warn_bf16_once() -> None:
+    """bf16 asked for on the CPU: one warning where the CPU computes bf16 only by emulation (slower than fp32)."""
+    from .. import sysinfo
+
+    if not sysinfo.has_native_bf16():
+        warnings.warn(
+            "nano-patch: precision='bf16' on a CPU without avx512_bf16 or AMX is usually slower than fp32",
+            NanoPatchWarning,
+            stacklevel=5,
+        )

@@ -16,10 +16,8 @@ from typing import Any
 
 from PIL import Image
 
-from . import compose_plan
+from . import compose_plan, tensor_tail
 
-_to_tensor_cls: type | None = None
-_normalize_cls: type | None = None
 _compose_cls: type | None = None
 #: Compose objects (a DataLoader worker's own copies) that end in a uint8 tensor instead of ToTensor.
 _uint8_out: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -31,8 +29,8 @@ _here = threading.local()
 
 def configure(transforms: Any) -> None:
     """Name the stock classes the pipeline treats specially (set by the patch)."""
-    global _to_tensor_cls, _normalize_cls, _compose_cls
-    _to_tensor_cls, _normalize_cls, _compose_cls = transforms.ToTensor, transforms.Normalize, transforms.Compose
+    global _compose_cls
+    _compose_cls = transforms.Compose
     compose_plan.configure(transforms)
 
 
@@ -45,18 +43,6 @@ def deactivate() -> None:
 
 def active() -> bool:
     return _compose_cls is not None
-
-
-def tensor_tail(compose: Any) -> list[Any] | None:
-    """``[ToTensor]`` or ``[ToTensor, Normalize]`` if a stock ``Compose`` ends so, else None."""
-    if _compose_cls is None or not behaves_as(compose, _compose_cls):
-        return None
-    items = list(compose.transforms)
-    if len(items) >= 2 and type(items[-2]) is _to_tensor_cls and type(items[-1]) is _normalize_cls:
-        return items[-2:]
-    if items and type(items[-1]) is _to_tensor_cls:
-        return items[-1:]
-    return None
 
 
 def emit_uint8(compose: Any) -> None:
@@ -89,13 +75,11 @@ def uint8_here(compose: Any) -> Iterator[None]:
         _here.compose = previous
 
 
-def uint8_tail(compose: Any) -> Any:
-    """The tail ``compose`` stops before here (a ``data.device_tail.TailSpec``), or None: it runs whole."""
+def uint8_tail(compose: Any) -> tensor_tail.TailSpec | None:
+    """The tail ``compose`` stops before here, or None: it runs whole."""
     if not ((_uint8_out and compose in _uint8_out) or getattr(_here, "compose", None) is compose):
         return None
-    from ..data import device_tail
-
-    return device_tail.find_tail(compose)
+    return tensor_tail.find_tail(compose)
 
 
 def behaves_as(t: Any, base: type) -> bool:
@@ -121,14 +105,12 @@ def run_compose(compose: Any, img: Any, *, skip: int = 0) -> Any:
         return compose_plan.run(compose, img, skip=skip)
     if not spec.erasers:
         return compose_plan.run(compose, img, skip=skip, uint8_tail=True)
-    from ..data import device_tail
-
-    out = compose_plan.run(device_tail.prefix_compose(compose, spec), img, skip=skip, uint8_tail=True)
+    out = compose_plan.run(tensor_tail.prefix_compose(compose, spec), img, skip=skip, uint8_tail=True)
     if isinstance(out, compose_plan.Recording):
         # the draw step of a batch: the erasers draw now, after this sample's other draws as on stock, from the
         # size and channels the recording ends in; the render's uint8 image is then wrapped with them
         shape = (1 if out.mode == "L" else 3, *out.hw)
         with out.draws.lent() if out.draws is not None else contextlib.nullcontext():
-            out.erasures = device_tail.draw_erasures(compose, spec, shape)
+            out.erasures = tensor_tail.draw_erasures(compose, spec, shape)
         return out
-    return device_tail.uint8_sample(compose, spec, out)
+    return tensor_tail.uint8_sample(compose, spec, out)

@@ -19,7 +19,8 @@ The code is split as torchvision splits ``get_params`` from ``functional``:
   operations a draw writes down;
 - ``steps.py``: the v1 step runners (crops, resizes, flips, ColorJitter, greys);
 - ``policies.py``: the augmentation policies (v1, v2, timm);
-- this module: the plan that ties them to a ``Compose``, and the tensor tail;
+- ``tensor_tail.py``: the tensor tail, recognised (the plan runs it as one table lookup per channel);
+- this module: the plan that ties them to a ``Compose``;
 - ``oprunner.py``: a recording's operations as one native call (``csrc/oplist.c``).
 """
 
@@ -32,24 +33,13 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 from PIL import Image
 
 from .. import report
-from . import functional as K
-from . import pixels as P
+from . import tensor_tail
 from .image import FastImage
-from .pixels import (  # noqa: F401 - the plan's public names, where callers have always found them
-    DecodeFailed,
-    JpegPixels,
-    LeftPlan,
-    NotSplittable,
-    Pixels,
-    Recording,
-    RenderFailed,
-    UseStock,
-    render,
-)
+from .pixel_ops import RenderFailed, TensorTail  # noqa: F401 - (RenderFailed) where the batch loader finds it
+from .pixels import DecodeFailed, JpegPixels, LeftPlan, Pixels, UseStock  # noqa: F401 - the same
 from .policies import (  # noqa: F401 - tests reach the policies' ops through the plan
     POLICY_METHODS,
     configure_v2,
@@ -63,6 +53,7 @@ from .policies import (  # noqa: F401 - tests reach the policies' ops through th
     run_v2_policy,
     v2_op,
 )
+from .recording import NotSplittable, Recording, render  # noqa: F401 - (render) the same
 from .steps import (
     NATIVE_DRAWS,
     run_center_crop,
@@ -76,6 +67,7 @@ from .steps import (
     run_timm_random_resized_crop,
     run_vflip,
 )
+from .tensor_tail import PIL_TO_TENSOR, TO_TENSOR, Tail
 
 _RUNNERS: dict[str, Callable[[Any, Pixels], Any]] = {
     "Resize": run_resize,
@@ -107,13 +99,6 @@ _CLASSES: dict[str, type] = {}
 
 def configure(transforms: Any) -> None:
     """Record torchvision's classes and their stock methods (called by the patch when it applies)."""
-    import torch
-    from torchvision.transforms import functional
-
-    from .. import sysinfo
-
-    P.stock_F, P.stock_torch = functional, torch
-    P.GREY_BY_POSITION = sysinfo.pillow_is_simd()
     _STOCK_METHODS.clear()
     _CLASSES.clear()
     others = {name for module, name in _OTHERS if module != "timm.data.auto_augment"} | {
@@ -149,84 +134,19 @@ def _is_stock(t: Any, name: str) -> bool:
     return True
 
 
-# --- the tensor tail ---------------------------------------------------------------------------
+def _plan_step(t: Any, kind: str) -> bool:
+    """The classes the plan counts as each tensor tail step (``tensor_tail.tail_at``): stock's own, v1's and timm's."""
+    if kind == TO_TENSOR:
+        return _is_stock(t, "ToTensor") or _is_stock(t, "MaybeToTensor")
+    if kind == PIL_TO_TENSOR:
+        return _is_stock(t, "PILToTensor") or _is_stock(t, "MaybePILToTensor")
+    return _is_stock(t, kind)  # ConvertImageDtype, Normalize (v2's ToDtype is no class of the plan)
 
 
-class Tail:
-    """``ToTensor [+ Normalize]`` or ``PILToTensor [+ ConvertImageDtype(float) [+ Normalize]]`` at one position."""
-
-    def __init__(self, steps: list[Any]) -> None:
-        self.steps = steps
-        self.tables: dict[tuple[Any, ...], np.ndarray | None] = {}
-
-    def __len__(self) -> int:
-        return len(self.steps)
-
-    @property
-    def to_tensor(self) -> bool:
-        return _is_stock(self.steps[0], "ToTensor") or _is_stock(self.steps[0], "MaybeToTensor")
-
-    def _key(self, channels: int) -> tuple[Any, ...] | None:
-        key: list[Any] = [channels, P.stock_torch.get_default_dtype() if self.to_tensor else None]
-        for t in self.steps[1:]:
-            if _is_stock(t, "ConvertImageDtype"):
-                key.append(t.dtype)
-            else:  # Normalize: the constants as plain numbers, or no table
-                try:
-                    key.append((tuple(map(float, t.mean)), tuple(map(float, t.std)), t.inplace))
-                except (TypeError, ValueError):
-                    return None
-        return tuple(key)
-
-    def table(self, channels: int) -> np.ndarray | None:
-        """The C x 256 float table of this tail for ``channels`` input channels, or None (run stock)."""
-        key = self._key(channels)
-        if key is None:
-            return None
-        if key not in self.tables:
-            self.tables[key] = self._probe(channels)
-        return self.tables[key]
-
-    def _probe(self, channels: int) -> np.ndarray | None:
-        torch = P.stock_torch
-        x = torch.arange(256, dtype=torch.uint8).view(1, 1, 256).expand(channels, 1, 256).contiguous()
-        if self.to_tensor:
-            x = x.to(dtype=torch.get_default_dtype()).div(255)  # ToTensor's own arithmetic on a uint8 image
-        try:
-            for t in self.steps[1:]:
-                x = t(x)  # stock ConvertImageDtype / Normalize: their arithmetic, their errors
-        except Exception:  # noqa: BLE001 - stock raises again, per image, in its own words
-            return None
-        if type(x) is not torch.Tensor or x.dtype not in (torch.float32, torch.float64) or x.dim() != 3:
-            return None
-        return x[:, 0, :].contiguous().numpy()
-
-    def tensor_from(self, px: Pixels, uint8: bool) -> Any:
-        """This tail's tensor of ``px``, in stock's layout, or None where stock must run it."""
-        a = px.array()
-        if uint8 or len(self) == 1 and not self.to_tensor:
-            # PILToTensor (or the uint8 stand-in for ToTensor): a C x H x W view of H x W x C pixels
-            return K.pil_to_tensor(a, owned=px.owned)
-        table = self.table(1 if a.ndim == 2 else 3)
-        if table is None:
-            return None
-        if self.to_tensor:
-            return K.image_through_tables(a, table)  # ToTensor makes C x H x W contiguous
-        return K.pixels_through_tables(a, table)  # after PILToTensor stock keeps the channels-last strides
-
-
-def _find_tail(items: list[Any], i: int) -> Tail | None:
-    if _is_stock(items[i], "ToTensor") or _is_stock(items[i], "MaybeToTensor"):
-        n = 2 if i + 1 < len(items) and _is_stock(items[i + 1], "Normalize") else 1
-        return Tail(items[i:i + n])
-    if _is_stock(items[i], "PILToTensor") or _is_stock(items[i], "MaybePILToTensor"):
-        n = 1
-        if i + 1 < len(items) and _is_stock(items[i + 1], "ConvertImageDtype"):
-            n = 2
-            if i + 2 < len(items) and _is_stock(items[i + 2], "Normalize"):
-                n = 3
-        return Tail(items[i:i + n])
-    return None
+def tail_at(items: list[Any], i: int) -> Tail | None:
+    """The tensor tail the plan runs from ``items[i]``, or None."""
+    kinds = tensor_tail.tail_at(items, i, _plan_step)
+    return Tail(items[i:i + len(kinds)], kinds) if kinds else None
 
 
 # --- plans ----------------------------------------------------------------------------------
@@ -248,7 +168,7 @@ class Plan:
             name = _class_key(type(t))
             self.runners.append(_RUNNERS[name] if name in _RUNNERS and _is_stock(t, name) else None)
             if i not in self.tails and not any(i in range(j, j + len(tail)) for j, tail in self.tails.items()):
-                tail = _find_tail(items, i)
+                tail = tail_at(items, i)
                 if tail is not None:
                     self.tails[i] = tail
 
@@ -384,7 +304,7 @@ def _record_tail(x: Recording, tail: Tail, uint8: bool, last: bool) -> Recording
     shared = x.shared
     end = shared.get(key) if shared is not None else None
     if end is None:
-        end = P.TensorTail(*key)
+        end = TensorTail(*key)
         if shared is not None:
             shared[key] = end
     if not end.to_bytes and end.table is None:

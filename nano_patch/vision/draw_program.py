@@ -1,6 +1,6 @@
 """A plan's draws as a program: each sample's native run made straight from its native draws.
 
-The draw step of a batch (``batch_loader.py``) runs each sample's Compose on a :class:`pixels.Recording`: every
+The draw step of a batch (``batch_loader.py``) runs each sample's Compose on a :class:`recording.Recording`: every
 step's runner makes its draws, then writes its operations down as typed ops, which ``oprunner.prepare`` turns into
 the op runner's records. That generality costs 10-15 us of Python per sample, all of it holding the GIL. Most
 pipelines are a few known steps in a row (RandomResizedCrop, flips, ColorJitter, Resize, CenterCrop, RandomCrop,
@@ -22,15 +22,17 @@ take, ``--report``'s per-step counts, pillow-simd's grey) gives no program: the 
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from . import compose_call, compose_plan, oprunner, steps
-from . import pixels as P
+from . import compose_call, compose_plan, oprunner, steps, stock
+from . import pixel_ops as P
+from .native_kernels import FILTERS
+from .pixels import UseStock, grey_by_position
+from .recording import NotSplittable
 
 #: the records every flip shares (they have no parameters)
 _HFLIP_RECORD = P.HFLIP.record
@@ -109,7 +111,7 @@ def bind(compose: Any, draws: Any, shared: dict[Any, Any] | None) -> Program | N
         return None
     try:
         bound = _bind(compose_plan.plan_for(compose), draws, shared, spec is not None)
-    except (P.UseStock, P.NotSplittable, TypeError, ValueError, AttributeError):
+    except (UseStock, NotSplittable, TypeError, ValueError, AttributeError):
         return None
     if bound is None or oprunner.why_not_native(bound.codes):
         return None
@@ -162,25 +164,15 @@ def _tensor_tail(tail: compose_plan.Tail, uint8: bool, shared: dict[Any, Any] | 
 # --- the steps: each checks what its runner checks before any draw, once per run ----------------------------
 
 
-def _checked_filter(interpolation: Any) -> int:
-    f = steps.pil_filter(interpolation)
-    if f not in P.native_filters():
-        raise P.UseStock  # a resize the op runner does not make (nearest): the plan's path
-    return f
-
-
 def _make_resize_to(size: Any, interpolation: Any, max_size: Any, antialias: Any,
                     codes: set[int]) -> Callable[[tuple[int, int], list[Any]], tuple[int, int] | None]:
-    """``steps._resize_to``'s checks, once; per sample, its resize record (or nothing where the size stays)."""
-    f = _checked_filter(interpolation)
-    if antialias is False:
-        raise P.UseStock
-    request = steps.size_request(size)
-    if max_size is not None and (len(request) != 1 or not isinstance(max_size, int) or max_size <= request[0]):
-        raise P.UseStock
+    """``steps.resize_arguments``' checks, once; per sample, its resize record (or nothing where the size stays)."""
+    f, request = steps.resize_arguments(size, interpolation, max_size, antialias)
+    if f not in FILTERS:
+        raise UseStock  # a resize the op runner does not make (nearest): the plan's path
     codes.add(P.OP_RESIZE)
     fixed = tuple(request) if len(request) == 2 and max_size is None else None
-    compute = P.stock_F._compute_resized_output_size
+    compute = stock.functional()._compute_resized_output_size
 
     def resize(hw: tuple[int, int], records: list[Any]) -> tuple[int, int] | None:
         out = fixed if fixed is not None else tuple(compute(hw, request, max_size))
@@ -210,7 +202,7 @@ def _random_resized_crop(t: Any, draws: Any, codes: set[int]) -> Step:
     scale, ratio = t.scale, t.ratio
     lr = torch_draws.log_ratio(ratio)
     if lr is None:
-        raise P.UseStock
+        raise UseStock
     lr0, lr1 = lr
     fn, fused = draws.kernel.draws_resized_crop, draws.fused
     codes.add(P.OP_CROP)
@@ -230,38 +222,27 @@ def _resize(t: Any, draws: Any, codes: set[int]) -> Step:
 
 
 def _center_crop(t: Any, draws: Any, codes: set[int]) -> Step:
-    size = t.size
-    if isinstance(size, numbers.Number):
-        size = (int(size), int(size))  # type: ignore[call-overload]
-    elif isinstance(size, (tuple, list)) and len(size) == 1:
-        size = (size[0], size[0])
-    if not (isinstance(size, (tuple, list)) and len(size) == 2 and all(type(v) is int and v > 0 for v in size)):
-        raise P.UseStock
-    crop_h, crop_w = size
+    size = steps.center_crop_size(t.size)
     codes.add(P.OP_CROP)
+    box_of = steps.center_crop_box
 
     def step(st: np.ndarray, hw: tuple[int, int], records: list[Any]) -> tuple[int, int] | None:
-        h, w = hw
-        if crop_w > w or crop_h > h:
-            return None  # stock pads first
-        if not _crop(records, hw, int(round((h - crop_h) / 2.0)), int(round((w - crop_w) / 2.0)), crop_h, crop_w):
-            return None
-        return (crop_h, crop_w)
+        box = box_of(hw, size)
+        if box is None or not _crop(records, hw, *box):
+            return None  # (stock pads first)
+        return size
 
     return step
 
 
 def _random_crop(t: Any, draws: Any, codes: set[int]) -> Step:
-    size = t.size
-    if t.padding is not None or not (isinstance(size, (tuple, list)) and len(size) == 2
-                                     and all(type(v) is int for v in size)):
-        raise P.UseStock
-    pad_if_needed = t.pad_if_needed
+    size = steps.random_crop_size(t)
+    pads = steps.random_crop_pads
     fn = draws.kernel.draws_crop
     codes.add(P.OP_CROP)
 
     def step(st: np.ndarray, hw: tuple[int, int], records: list[Any]) -> tuple[int, int] | None:
-        if pad_if_needed and (hw[1] < size[1] or hw[0] < size[0]):
+        if pads(t, hw):
             return None
         got = fn(st, hw[0], hw[1], size)
         if got is None or not _crop(records, hw, *got):
@@ -292,11 +273,11 @@ def _flip(record: tuple[Any, ...], code: int) -> Callable[[Any, Any, set[int]], 
 
 def _color_jitter(t: Any, draws: Any, codes: set[int]) -> Step:
     ranges = (t.brightness, t.contrast, t.saturation, t.hue)
-    if P.GREY_BY_POSITION and (ranges[1] is not None or ranges[2] is not None):
-        raise P.UseStock  # pillow-simd's grey depends on the pixel's place: the Python path
+    if grey_by_position() and (ranges[1] is not None or ranges[2] is not None):
+        raise UseStock  # pillow-simd's grey depends on the pixel's place: the Python path
     fn, fused = draws.kernel.draws_jitter, draws.fused
     codes.update(code for code, r in zip(_JITTER_CODES, ranges) if r is not None)
-    plain = P.plain_factor
+    plain, hue_record = P.plain_factor, P.hue_record
 
     def step(st: np.ndarray, hw: tuple[int, int], records: list[Any]) -> tuple[int, int] | None:
         got = fn(st, *ranges, fused)
@@ -310,9 +291,10 @@ def _color_jitter(t: Any, draws: Any, codes: set[int]) -> Step:
             if f is None:
                 return None
             if fn_id == 3:
-                if not -0.5 <= f <= 0.5:
+                hue = hue_record(f)
+                if hue is None:
                     return None  # stock raises: the plan's path gets there
-                records.append((P.OP_HUE, int(f * 255) & 0xFF, 0, 0, 0, 0.0, None))
+                records.append(hue)
             else:
                 records.append((_JITTER_CODES[fn_id], 0, 0, 0, 0, f, None))
         return hw

@@ -23,7 +23,8 @@ import numpy as np
 from PIL import Image, ImageEnhance, ImageOps
 
 from .. import report
-from . import native
+from . import native, native_kernels
+from .native_checks import pil_hue_shift, rotate_data
 
 _cv2 = None
 #: OpenCV's thread count before the first kernel call, restored by :func:`release_cv2`.
@@ -176,7 +177,7 @@ def pad(a: np.ndarray, padding: Any, fill: Any = 0, padding_mode: str = "constan
 
 
 #: PIL filters :func:`resize` reproduces on arrays: nearest, and the convolutions of the native resample.
-ARRAY_RESIZE_FILTERS = frozenset({0, *native.FILTERS})
+ARRAY_RESIZE_FILTERS = frozenset({0, *native_kernels.FILTERS})
 
 
 def resize(a: np.ndarray, size: list[int], interpolation: int = Image.BILINEAR, flip: bool = False,
@@ -195,9 +196,9 @@ def resize(a: np.ndarray, size: list[int], interpolation: int = Image.BILINEAR, 
     oh, ow = _int(size[0]), _int(size[1])
     if oh <= 0 or ow <= 0:
         raise ValueError("empty size: stock code decides")
-    if interpolation in native.FILTERS:
+    if interpolation in native_kernels.FILTERS:
         try:
-            return native.resample(a, (oh, ow), int(interpolation), flip=flip, window=window)
+            return native_kernels.resample(a, (oh, ow), int(interpolation), flip=flip, window=window)
         except native.NativeUnavailable as exc:
             _fell_back("resize", exc)
     if interpolation == Image.NEAREST:
@@ -258,7 +259,7 @@ def _transform_data(data: Any, n: int) -> list[float]:
 
 
 #: PIL's filters for its transforms (nearest, bilinear, bicubic), all reproduced by the warp kernel.
-WARP_FILTERS = frozenset(native.WARP_FILTERS)
+WARP_FILTERS = frozenset(native_kernels.WARP_FILTERS)
 
 
 def warp(a: np.ndarray, size: Any, data: Any, perspective: bool, resample: Any, fillcolor: Any) -> np.ndarray:
@@ -272,10 +273,10 @@ def warp(a: np.ndarray, size: Any, data: Any, perspective: bool, resample: Any, 
     coeffs = _transform_data(data, 8 if perspective else 6)
     fill = fill_bytes("L" if a.ndim == 2 else "RGB", fillcolor)
     try:
-        return native.warp(a, (size[1], size[0]), coeffs, perspective, int(resample), fill)
+        return native_kernels.warp(a, (size[1], size[0]), coeffs, perspective, int(resample), fill)
     except native.NativeUnavailable as exc:
         _fell_back("warp", exc)
-    except native.NotReproducible:
+    except native_kernels.NotReproducible:
         pass  # only PIL's code gives PIL's answer there
     method = Image.Transform.PERSPECTIVE if perspective else Image.Transform.AFFINE
     return np.asarray(to_pil(a).transform(tuple(size), method, coeffs, int(resample), fillcolor=fillcolor))
@@ -295,7 +296,7 @@ def pil_rotate(a: np.ndarray, angle: Any, resample: Any = Image.NEAREST, expand:
         if angle in (90, 270) and (expand or w == h):
             turn = cv2().ROTATE_90_COUNTERCLOCKWISE if angle == 90 else cv2().ROTATE_90_CLOCKWISE
             return cv2().rotate(_contig(a), turn)
-    matrix, size = native.rotate_data(w, h, angle, expand, center, translate)
+    matrix, size = rotate_data(w, h, angle, expand, center, translate)
     return warp(a, size, matrix, False, resample, fillcolor)
 
 
@@ -359,7 +360,7 @@ def _gray(a: np.ndarray) -> np.ndarray:
     if a.ndim == 2:
         return a
     try:
-        return native.rgb_to_l(a)
+        return native_kernels.rgb_to_l(a)
     except native.NativeUnavailable as exc:
         _fell_back("grayscale", exc)
     return np.asarray(to_pil(a).convert("L"))
@@ -379,7 +380,7 @@ def adjust_saturation(a: np.ndarray, saturation_factor: float) -> np.ndarray:
     if a.ndim == 2:
         return a  # PIL blends the image with itself: a copy, and these arrays are never written to
     try:
-        return native.saturation(a, factor)
+        return native_kernels.saturation(a, factor)
     except native.NativeUnavailable as exc:
         _fell_back("saturation", exc)
     return np.asarray(ImageEnhance.Color(to_pil(a)).enhance(factor))
@@ -394,17 +395,17 @@ def adjust_hue(a: np.ndarray, hue_factor: float) -> np.ndarray:
     # torchvision's own expression, so that a float32 or tensor factor truncates as in stock.
     shift = int(np.int32(hue_factor * 255).astype(np.uint8))
     try:
-        return native.hue_shift(a, shift)
+        return native_kernels.hue_shift(a, shift)
     except native.NativeUnavailable as exc:
         _fell_back("hue", exc)
-    return native.pil_hue_shift(a, shift)
+    return pil_hue_shift(a, shift)
 
 
 def adjust_sharpness(a: np.ndarray, sharpness_factor: float) -> np.ndarray:
     """``ImageEnhance.Sharpness``: PIL's SMOOTH filter blended with the image, the native kernel, else PIL."""
     factor = _factor(sharpness_factor)
     try:
-        return native.sharpness(a, factor)
+        return native_kernels.sharpness(a, factor)
     except native.NativeUnavailable as exc:
         _fell_back("sharpness", exc)
     return np.asarray(ImageEnhance.Sharpness(to_pil(a)).enhance(factor))
@@ -413,7 +414,7 @@ def adjust_sharpness(a: np.ndarray, sharpness_factor: float) -> np.ndarray:
 def _blend_const(a: np.ndarray, value: int, factor: float) -> np.ndarray:
     """PIL's blend of a constant grey with the image: the native kernel, else a table in PIL's arithmetic."""
     try:
-        return native.blend_const(a, value, factor)
+        return native_kernels.blend_const(a, value, factor)
     except native.NativeUnavailable as exc:
         _fell_back("blend", exc)
     return lut(a, _blend_lut(float(value), factor))
@@ -427,7 +428,7 @@ def contrast_mean(a: np.ndarray) -> int:
     """ImageEnhance.Contrast's grey level: ``int(mean of convert("L") + 0.5)``, as ImageStat computes it."""
     if a.ndim == 3:
         try:
-            return native.contrast_mean(a)
+            return native_kernels.contrast_mean(a)
         except native.NativeUnavailable as exc:
             _fell_back("grayscale", exc)
     g = _gray(a)
@@ -588,7 +589,7 @@ def image_through_tables(a: np.ndarray, table: np.ndarray):
     import torch
 
     try:
-        out = torch.from_numpy(native.planes_lut(a, table))
+        out = torch.from_numpy(native_kernels.planes_lut(a, table))
     except native.NativeUnavailable:
         out = planes_through_tables(planes(a), table)
     if out.shape[0] == 1:  # stock's strides for one channel: a (H, W, 1) array seen as (1, H, W)
@@ -628,7 +629,7 @@ def pixels_through_tables(a: np.ndarray, table: np.ndarray):
     """``PILToTensor`` + ``ConvertImageDtype`` (+ ``Normalize``) as stock lays it out: a C x H x W view of
     an H x W x C float array, channel ``c`` through row ``c`` of ``table``."""
     try:
-        hwc = native.pixels_lut(a, table)
+        hwc = native_kernels.pixels_lut(a, table)
     except native.NativeUnavailable:
         src = a[:, :, None] if a.ndim == 2 else a
         hwc = np.stack([table[c][src[..., c]] for c in range(src.shape[2])], -1)

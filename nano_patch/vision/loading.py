@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import config
 from . import cache, compose_call, compose_plan, decode, file_index, native, source
 from . import functional as K
 from .image import FastImage, plain
@@ -23,6 +24,9 @@ from .image import FastImage, plain
 # filter. On real photos at native resolution, a 1/2-scale decode before the resize measured max
 # abs diff 2-83 and mean 0.1-3.9 against stock, outside the bilinear bar (max 1, mean 0.5) at every
 # output size tried (32-200 px). Decode at least DCT_MARGIN times the output size, at most 1/2 down.
+#: torchvision's built-in datasets that open their files with PIL and convert them to RGB themselves: the vision patch
+#: routes their ``__getitem__`` through the RGB loader here (Caltech101, whose grey photos stay "L", is not one).
+RGB_DATASETS = ("Flowers102", "Food101", "DTD", "StanfordCars", "OxfordIIITPet")
 DCT_MARGIN = 2.0
 DCT_MIN_SCALE = 0.5
 
@@ -184,11 +188,9 @@ def _decode_with_first_resize(path: str | os.PathLike[str], transforms: list[Any
     from torchvision.transforms import InterpolationMode, Resize
     from torchvision.transforms.functional import _compute_resized_output_size
 
-    import nano_patch
-
     first = transforms[0] if transforms else None
     if (
-        not nano_patch.options().scaled_decode
+        not config.current().scaled_decode
         or type(first) is not Resize
         or first.interpolation not in (InterpolationMode.BILINEAR, InterpolationMode.BICUBIC)
     ):

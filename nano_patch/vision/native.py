@@ -1,21 +1,19 @@
-"""The native image kernels: one loader, one check against the installed PIL, one fallback rule.
+"""The compiled kernels: loading them, and each kernel's verdict (one loader, one check, one fallback rule).
 
-The kernels are C (``csrc/``), compiled into the extension module ``nano_patch.vision._native``
-when nano-patch is installed (``hatch_build.py``); nothing is compiled or loaded from a cache at run
-time. Each kernel reproduces a piece of PIL's arithmetic, and before its first use in a process it
-is compared with the installed PIL on a probe chosen where rounding differences show (extremes,
-ties, random colours, every filter, up and down, both pass orders). Where the extension is missing
-(installed without a C compiler), switched off (``NANO_PATCH_NO_NATIVE=1``) or differs from the
-installed PIL (pillow-simd rounds its resize weights and its grey conversion differently), the
-kernel raises :class:`NativeUnavailable` and the caller runs PIL's own code, exact and slower.
+The kernels are C (``csrc/``), compiled into the extension module ``nano_patch.vision._native`` when nano-patch is
+installed (``hatch_build.py``); nothing is compiled or loaded from a cache at run time. Where no C compiler worked
+then, the install still succeeds without it, pip shows nothing, and every kernel runs PIL's own code (exact,
+slower): :func:`missing` words that once, with the fix, for the first ``patch_torch()`` of a process tree and for
+``nano-patch status``. Crop-region JPEG decoding (``crop_decode``) lives in a second, optional extension,
+``_jpeg``, linked to the system's libjpeg-turbo.
 
-Crop-region JPEG decoding (``crop_decode``) lives in a second, optional extension, ``_jpeg``, linked
-to the system's libjpeg-turbo: it is checked against simplejpeg's full decode (its reference) the same
-way, and where it is missing or refused the caller decodes the whole image and crops it.
-
-The functions here are pure: NumPy uint8 arrays (H x W x 3 RGB or H x W L, any row stride) in, new
-arrays out. ``NANO_PATCH_NATIVE_ISA`` (``generic``, ``avx2``, ``avx512``) narrows the instruction
-set the kernels use, for comparisons; by default they use the widest this CPU has.
+Before its first use in a process each kernel is checked against the installed PIL (``native_checks.py``;
+the crop decode against simplejpeg's full decode): :func:`kernel` gives the extension once that kernel passed,
+else raises :class:`NativeUnavailable` saying why (the extension missing, switched off with
+``NANO_PATCH_NO_NATIVE=1``, or differing from the installed PIL), and the caller runs PIL's own code (the full
+decode, for the crop decode). The typed wrappers are ``native_kernels.py``. ``NANO_PATCH_NATIVE_ISA``
+(``generic``, ``avx2``, ``avx512``) narrows the instruction set the kernels use, for comparisons; by default they
+use the widest this CPU has. This module needs no NumPy: ``patch_torch()`` asks :func:`missing` without it.
 """
 
 from __future__ import annotations
@@ -25,12 +23,6 @@ import os
 import threading
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
-
-import numpy as np
-
-from .. import sysinfo
-from . import extension
 
 #: The kernels, each checked on its own: the name ``nano-patch status`` shows, and what it stands for.
 KERNELS = {
@@ -49,47 +41,52 @@ KERNELS = {
 JPEG_KERNELS = ("crop_decode",)
 #: What runs instead of a kernel that is not used, where that is not PIL's own code.
 FALLBACKS = {"crop_decode": "the full decode", "torch_draws": "torch's own draws"}
-NO_NATIVE_ENV = extension.NO_NATIVE_ENV
-ISA_ENV = extension.ISA_ENV
-
-#: PIL's resampling filter numbers (Image.Resampling) that the resample kernel reproduces.
-FILTERS = {1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
-#: Resize arithmetic (native.h), tried in this order against the installed PIL: (pass order, weights).
-#: Pillow 13 runs the vertical pass first when the height shrinks much more than the width; Pillow up
-#: to 12, and pillow-simd, always run the horizontal pass first. pillow-simd rounds its weights to
-#: 16 bits (weights 1) where Pillow keeps 22 (weights 0).
-RESAMPLE_VARIANTS = ((1, 0), (0, 0), (0, 1), (1, 1))
-#: Grey formulas (native.h): Pillow's, then pillow-simd's.
-GREY_MODES = (0, 1)
-VARIANT_NAMES = {0: "Pillow's arithmetic", 1: "pillow-simd's arithmetic"}
+NO_NATIVE_ENV = "NANO_PATCH_NO_NATIVE"
+ISA_ENV = "NANO_PATCH_NATIVE_ISA"
+#: How to get the kernels where the install went without them.
+FIX = "install a C compiler and reinstall nano-patch, or install a nano-patch wheel built where one worked"
 
 
 class NativeUnavailable(RuntimeError):
     """A native kernel cannot be used in this process; the message says why."""
 
 
-class JpegRegionError(ValueError):
-    """This JPEG cannot be region-decoded (damaged, truncated, CMYK, an unusual layout...): decode it whole.
-
-    The full decode then applies its own rules (libjpeg-turbo, or PIL for what that refuses), so pixels
-    and errors stay stock.
-    """
+class ExtensionMissing(ImportError):
+    """The extension module is not installed (or cannot be loaded); the message says why and what to do."""
 
 
-class NotReproducible(ValueError):
-    """PIL's own result for these arguments is undefined behaviour in its C code (a NaN coordinate, a
-    fixed-point overflow): only PIL's code can give it, so run that."""
+def switched_off() -> bool:
+    """``NANO_PATCH_NO_NATIVE`` asks for PIL's code on purpose."""
+    return os.environ.get(NO_NATIVE_ENV, "").strip() not in ("", "0")
+
+
+def load_extension() -> ModuleType:
+    """Import the extension module; :class:`ExtensionMissing` where it is not installed or does not load."""
+    try:
+        return importlib.import_module(f"{__package__}._native")
+    except ModuleNotFoundError as exc:
+        raise ExtensionMissing(
+            f"nano-patch was installed without its compiled kernels (no working C compiler at install time?). "
+            f"To get them, {FIX}"
+        ) from exc
+    except ImportError as exc:  # there, but built for another platform, or damaged
+        raise ExtensionMissing(f"nano-patch's compiled kernels do not load ({exc}). To get them, {FIX}") from exc
+
+
+def missing() -> str | None:
+    """Why the compiled kernels are not there, or None where they load (or are switched off on purpose)."""
+    if switched_off():
+        return None
+    try:
+        load_extension()
+    except ExtensionMissing as exc:
+        return str(exc)
+    return None
 
 
 _lock = threading.RLock()
 _verdicts: dict[str, str] = {}  # kernel -> "" (checked, exact) or why it is not used
 _passed: dict[str, ModuleType] = {}  # kernel -> the module that passed its check
-_arithmetic: dict[str, int] = {}  # kernel -> which PIL's arithmetic it matched (VARIANT_NAMES)
-resample_variant = (1, 0)
-grey_mode = 0
-saturation_mode = 0
-_crop_multiscan = True  # progressive (and other multi-scan) JPEGs region-decoded: the check may say no
-_crop_note = ""  # what the crop-decode check left out, for state()
 
 
 class _Extension:
@@ -104,7 +101,7 @@ class _Extension:
     def get(self) -> ModuleType:
         if self.module is not None:
             return self.module
-        if self.error is None and extension.switched_off():
+        if self.error is None and switched_off():
             self.error = f"{NO_NATIVE_ENV} is set"
         if self.error is not None:
             raise NativeUnavailable(self.error)
@@ -121,8 +118,8 @@ class _Extension:
 
 def _load_native() -> ModuleType:
     try:
-        mod = extension.load()
-    except extension.ExtensionMissing as exc:
+        mod = load_extension()
+    except ExtensionMissing as exc:
         raise NativeUnavailable(str(exc)) from exc
     isa = os.environ.get(ISA_ENV, "").strip()
     if isa:
@@ -171,7 +168,9 @@ def kernel(name: str) -> ModuleType:
         if name not in _verdicts:
             try:
                 mod = _import_jpeg() if name in JPEG_KERNELS else _import()
-                why = CHECKS[name](mod)
+                from . import native_checks
+
+                why = native_checks.CHECKS[name](mod)
                 if not why:
                     _passed[name] = mod
             except NativeUnavailable as exc:
@@ -193,6 +192,9 @@ def available(name: str) -> bool:
 def state() -> dict[str, str]:
     """Per kernel: ``native (<isa>)`` (crop decoding: ``native (<libjpeg-turbo version>)``), ``not checked
     yet``, or what runs instead and why (``PIL's code: <why>``, ``the full decode: <why>``). Checks nothing."""
+    from . import native_checks
+
+    found = native_checks.found
     out = {}
     for name in KERNELS:
         verdict = _verdicts.get(name)
@@ -200,9 +202,9 @@ def state() -> dict[str, str]:
         module_error = (_jpeg_ext if name in JPEG_KERNELS else _native_ext).error
         if verdict == "" and name in JPEG_KERNELS:
             version = getattr(_passed.get(name), "LIBJPEG_VERSION", "?")
-            out[name] = f"native ({version}{'; ' + _crop_note if _crop_note else ''})"
+            out[name] = f"native ({version}{'; ' + found.crop_note if found.crop_note else ''})"
         elif verdict == "":
-            which = f", {VARIANT_NAMES[_arithmetic[name]]}" if _arithmetic.get(name) else ""
+            which = f", {native_checks.VARIANT_NAMES[found.variants[name]]}" if found.variants.get(name) else ""
             mod = _native_ext.module
             out[name] = f"native ({mod.isa() if mod is not None else '?'}{which})"
         elif verdict is not None:
@@ -232,662 +234,11 @@ def summary() -> dict[str, str]:
 
 def reset() -> None:
     """Forget the checks and the loaded module, as in a new process (tests)."""
-    global _crop_multiscan, _crop_note
+    from . import native_checks
+
     with _lock:
         _native_ext.forget()
         _jpeg_ext.forget()
-        _crop_multiscan, _crop_note = True, ""
+        native_checks.forget()
         _verdicts.clear()
         _passed.clear()
-        _arithmetic.clear()
-
-
-# --- the kernels ------------------------------------------------------------------------------
-
-
-def _image(a: np.ndarray, what: str = "image") -> np.ndarray:
-    if not isinstance(a, np.ndarray) or a.dtype != np.uint8 or not (a.ndim == 2 or (a.ndim == 3 and a.shape[2] == 3)):
-        raise ValueError(f"{what} must be an H x W or H x W x 3 uint8 array, got "
-                         f"{getattr(a, 'dtype', type(a).__name__)} of shape {getattr(a, 'shape', None)}")
-    if a.shape[0] == 0 or a.shape[1] == 0:
-        raise ValueError(f"{what} is empty: shape {a.shape}")
-    if a.strides[-1] != 1 or (a.ndim == 3 and a.strides[1] != 3):
-        a = np.ascontiguousarray(a)  # the kernels take any row stride, but packed pixels
-    return a
-
-
-def _checked_call(name: str, a: np.ndarray, size: tuple[int, int], resample_filter: int, filters: dict[int, str]
-                  ) -> tuple[ModuleType, np.ndarray, int, int]:
-    """The checked kernel ``name``, the image ``a`` as it takes it and the output's (height, width), once the filter
-    and the size are ones it takes."""
-    mod = kernel(name)
-    a = _image(a)
-    h, w = int(size[0]), int(size[1])
-    if resample_filter not in filters:
-        raise ValueError(f"the {name} kernel takes filters {sorted(filters)} (PIL's numbers), got {resample_filter!r}")
-    if h <= 0 or w <= 0:
-        raise ValueError(f"size must be positive, got {size}")
-    return mod, a, h, w
-
-
-def resample(a: np.ndarray, size: tuple[int, int], resample_filter: int,
-             box: tuple[float, float, float, float] | None = None, flip: bool = False,
-             window: tuple[int, int, int, int] | None = None) -> np.ndarray:
-    """``Image.resize((w, h), filter, box)`` on ``a``, then cropped to ``window``, then mirrored if ``flip``.
-
-    ``size`` is (height, width); ``filter`` one of PIL's numbers in :data:`FILTERS`; ``box`` PIL's
-    (left, upper, right, lower) source box in float, the whole image by default; ``window``
-    (top, left, height, width) a crop of the result that lies inside it: only that part is computed.
-    A crop of the source is a view: pass ``a[top:bottom, left:right]`` to resize a crop the way
-    stock crops, then resizes.
-    """
-    mod, a, h, w = _checked_call("resample", a, size, resample_filter, FILTERS)
-    box = (0.0, 0.0, float(a.shape[1]), float(a.shape[0])) if box is None else tuple(float(b) for b in box)
-    top, left, wh, ww = (0, 0, h, w) if window is None else (int(v) for v in window)
-    out = np.empty((wh, ww) + a.shape[2:], np.uint8)
-    mod.resample(a, out, int(resample_filter), box, bool(flip), resample_variant, (w, h), (left, top))
-    return out
-
-
-#: PIL's filter numbers that ``Image.transform`` takes, all reproduced by the warp kernel.
-WARP_FILTERS = {0: "nearest", 2: "bilinear", 3: "bicubic"}
-
-
-def warp(a: np.ndarray, size: tuple[int, int], coeffs: Any, perspective: bool, resample_filter: int,
-         fill: bytes | tuple[int, ...]) -> np.ndarray:
-    """``Image.transform((w, h), AFFINE or PERSPECTIVE, coeffs, resample_filter)`` of ``a``, where pixels
-    mapped outside ``a`` take ``fill``.
-
-    ``size`` is (height, width); ``coeffs`` PIL's 6 (affine) or 8 (perspective) numbers, taken as
-    doubles; ``resample_filter`` one of :data:`WARP_FILTERS` (PIL's numbers); ``fill`` one value
-    0..255 per channel: the fill colour as PIL stores it (``Image.new(mode, (1, 1), fillcolor).tobytes()``).
-    Raises :class:`NotReproducible` where PIL's own result is undefined in C (a NaN coordinate, say).
-    """
-    mod, a, h, w = _checked_call("warp", a, size, resample_filter, WARP_FILTERS)
-    n = 8 if perspective else 6
-    c = tuple(float(v) for v in coeffs)
-    if len(c) != n:
-        raise ValueError(f"{'perspective' if perspective else 'affine'} coefficients: {n} numbers, got {len(c)}")
-    channels = 1 if a.ndim == 2 else 3
-    fill = bytes(fill)
-    if len(fill) != channels:
-        raise ValueError(f"fill needs {channels} values, got {len(fill)}")
-    out = np.empty((h, w) + a.shape[2:], np.uint8)
-    if not mod.warp(a, out, c + (0.0,) * (8 - n), bool(perspective), int(resample_filter), fill):
-        raise NotReproducible("PIL's result is undefined in C for these coefficients (NaN or overflowing coordinates)")
-    return out
-
-
-def rgb_to_l(a: np.ndarray) -> np.ndarray:
-    """``img.convert("L")`` of an RGB array."""
-    mod = kernel("grayscale")
-    a = _image(a)
-    if a.ndim != 3:
-        raise ValueError("rgb_to_l takes an H x W x 3 array")
-    out = np.empty(a.shape[:2], np.uint8)
-    mod.rgb_to_l(a, out, grey_mode)
-    return out
-
-
-def contrast_mean(a: np.ndarray) -> int:
-    """ImageEnhance.Contrast's grey level: the mean of ``convert("L")``, rounded as ImageStat and int() do."""
-    mod = kernel("grayscale")
-    a = _image(a)
-    total = mod.gray_sum(a, grey_mode)
-    return int(total / (a.shape[0] * a.shape[1]) + 0.5)
-
-
-def saturation(a: np.ndarray, factor: float) -> np.ndarray:
-    """``ImageEnhance.Color(img).enhance(factor)`` of an RGB array (PIL's float blend with its grey)."""
-    mod = kernel("saturation")
-    a = _image(a)
-    if a.ndim != 3:
-        raise ValueError("saturation takes an H x W x 3 array")
-    out = np.empty_like(a, order="C")
-    mod.blend_gray(a, out, float(factor), saturation_mode)
-    return out
-
-
-def sharpness(a: np.ndarray, factor: float) -> np.ndarray:
-    """``ImageEnhance.Sharpness(img).enhance(factor)``: PIL's 3x3 SMOOTH filter blended with the image."""
-    mod = kernel("sharpness")
-    a = _image(a)
-    out = np.empty(a.shape, np.uint8)
-    mod.sharpness(a, out, float(factor))
-    return out
-
-
-def blend_const(a: np.ndarray, value: int, factor: float) -> np.ndarray:
-    """``Image.blend(Image.new(mode, size, value), img, factor)``: brightness (value 0) and contrast
-    (value the grey mean) as ImageEnhance computes them, in PIL's float arithmetic."""
-    mod = kernel("blend")
-    a = _image(a)
-    out = np.empty(a.shape, np.uint8)
-    mod.blend_const(a, out, int(value), float(factor))
-    return out
-
-
-def hue_shift(a: np.ndarray, shift: int) -> np.ndarray:
-    """PIL's hue shift of an RGB array by ``shift`` levels of its 8-bit H (torchvision's adjust_hue)."""
-    mod = kernel("hue")
-    a = _image(a)
-    if a.ndim != 3:
-        raise ValueError("hue_shift takes an H x W x 3 array")
-    out = np.empty(a.shape, np.uint8)
-    mod.hue_shift(a, out, int(shift))
-    return out
-
-
-def lut(a: np.ndarray, tables: np.ndarray) -> np.ndarray:
-    """One 256-entry uint8 table per channel (``tables``: C x 256, or 256 for every channel)."""
-    mod = kernel("tables")
-    a = _image(a)
-    channels = 1 if a.ndim == 2 else 3
-    t = np.asarray(tables, dtype=np.uint8).reshape(-1, 256)
-    if t.shape[0] == 1 and channels == 3:
-        t = np.repeat(t, 3, axis=0)
-    if t.shape[0] != channels:
-        raise ValueError(f"lut needs 1 or {channels} tables of 256, got {t.shape[0]}")
-    out = np.empty(a.shape, np.uint8)
-    mod.lut(a, out, np.ascontiguousarray(t).tobytes())
-    return out
-
-
-def planes_lut(a: np.ndarray, table: np.ndarray) -> np.ndarray:
-    """A C x H x W float array: channel ``c`` of ``a`` through row ``c`` of the C x 256 ``table``."""
-    mod = kernel("tables")
-    a = _image(a)
-    table = np.ascontiguousarray(table)
-    out = np.empty((table.shape[0],) + a.shape[:2], dtype=table.dtype)
-    mod.planes_lut(a, table, out)
-    return out
-
-
-def pixels_lut(a: np.ndarray, table: np.ndarray) -> np.ndarray:
-    """An H x W x C float array: channel ``c`` of ``a`` through row ``c`` of the C x 256 ``table``."""
-    mod = kernel("tables")
-    a = _image(a)
-    table = np.ascontiguousarray(table)
-    out = np.empty(a.shape, dtype=table.dtype)
-    mod.pixels_lut(a, table, out)
-    return out
-
-
-def crop_multiscan() -> bool:
-    """Whether progressive (and other multi-scan) JPEGs are region-decoded here (their check may say no)."""
-    return _crop_multiscan
-
-
-def decode_jpeg_region(data: bytes, top: int, left: int, height: int, width: int, *,
-                       check_rest: bool = True) -> np.ndarray:
-    """The ``height`` x ``width`` window at (``top``, ``left``) of a JPEG, decoded to RGB: exactly
-    ``simplejpeg.decode_jpeg(data, colorspace="RGB")[top:top + height, left:left + width]`` (and so PIL's
-    ``Image.open(f).convert("RGB")`` cropped), without decoding the rest of the image to pixels. Call it
-    for the files the full decode sends to simplejpeg (``decode.jpeg_size(data)`` is not None), with a
-    window drawn from that size; it refuses some of those too (see below).
-
-    The result is a writable H x W x 3 uint8 view, like a slice of the full decode: its rows are
-    ``strides[0]`` bytes apart (more than ``3 * width``) in a private buffer a little larger than the
-    window, which it keeps alive. ``np.ascontiguousarray`` it where packed rows are needed.
-
-    ``check_rest`` (default): the rows below the window are entropy-decoded to the end-of-image marker
-    too, so that the call fails exactly where the strict full decode would (a truncated or corrupt file
-    fails even when the damage is outside the window). With ``check_rest=False`` the decode stops after
-    the window's rows: quicker, the same pixels, but damage below the window goes unnoticed.
-
-    Raises :class:`NativeUnavailable` where crop decoding is not usable in this process (not built,
-    switched off, refused by its check), :class:`JpegRegionError` (a ValueError) for a file it cannot
-    region-decode: damaged or truncated, not a JPEG, CMYK/YCCK/RGB colour, 12-bit, arithmetic-coded,
-    chroma sampling other than 4:4:4, 4:2:2, 4:2:0, 4:4:0, 4:1:1 and grey (what the check covers), or
-    progressive where the check refused those. In both cases decode the whole file instead. A plain
-    ValueError means a window that is empty or not inside the image (a caller's bug).
-    """
-    mod = kernel("crop_decode")
-    try:
-        buf, stride, oy, ox = mod.decode_region(data, top, left, height, width, check_rest=bool(check_rest),
-                                                allow_multiscan=_crop_multiscan)
-    except mod.Error as exc:
-        raise JpegRegionError(str(exc)) from None
-    block = np.frombuffer(buf, np.uint8).reshape(len(buf) // stride, stride // 3, 3)
-    return block[oy:oy + height, ox:ox + width]
-
-
-# --- the checks against the installed PIL ------------------------------------------------------
-
-
-def probe_image(h: int, w: int, seed: int) -> np.ndarray:
-    """An RGB probe: smooth gradients (ties and mid-tones), hard edges, extremes and noise."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:h, 0:w]
-    a = np.stack([(x * 255 // max(w - 1, 1)), (y * 255 // max(h - 1, 1)), ((x + y) * 37) % 256], -1)
-    a = a.astype(np.uint8)
-    a[h // 3: h // 2] = rng.integers(0, 256, size=(h // 2 - h // 3, w, 3), dtype=np.uint8)
-    a[:, w // 2: w // 2 + 2] = 255
-    a[-2:, :3] = 0
-    return a
-
-
-def probe_colours() -> np.ndarray:
-    """Colours where rounding differences show: extremes, greys, near-greys, colours whose grey value
-    sits exactly on PIL's rounding boundary, and random ones; 64 x 64."""
-    levels = np.array([0, 1, 2, 3, 127, 128, 129, 252, 253, 254, 255], dtype=np.uint8)
-    grid = np.stack(np.meshgrid(levels, levels, levels, indexing="ij"), -1).reshape(-1, 3)
-    # 19595 R + 38470 G + 7471 B == 0x8000 (mod 65536): L's rounding term lands exactly on a boundary
-    r, g = (x.ravel().astype(np.int64) for x in np.meshgrid(np.arange(256), np.arange(256), indexing="ij"))
-    b = ((0x8000 - 19595 * r - 38470 * g) * pow(7471, -1, 65536)) % 65536
-    ties = np.stack([r, g, b], -1)[b < 256][::3][:512].astype(np.uint8)
-    rng = np.random.default_rng(20261122)
-    rand = rng.integers(0, 256, size=(64 * 64 - len(grid) - len(ties), 3), dtype=np.uint8)
-    return np.concatenate([grid, ties, rand]).reshape(64, 64, 3)
-
-
-def _pil_version() -> str:
-    return "{} {}".format(*sysinfo.pillow_distribution())
-
-
-#: (source h, w), (output h, w), box or None: down, up, both, tall shrinks (the pass-order rule), boxes.
-RESAMPLE_PROBES: list[tuple[tuple[int, int], tuple[int, int], tuple[float, float, float, float] | None]] = [
-    ((47, 61), (19, 23), None),
-    ((47, 61), (83, 71), None),
-    ((47, 61), (30, 90), None),
-    ((61, 29), (11, 25), None),
-    ((64, 40), (9, 37), None),
-    ((47, 61), (17, 29), (3.0, 2.5, 57.25, 40.0)),
-    ((33, 35), (33, 20), None),
-    ((33, 35), (12, 35), None),
-    ((40, 300), (12, 31), None),
-]
-
-
-def check_resample(mod: ModuleType) -> str | None:
-    """None if ``mod.resample`` equals the installed PIL on every probe, in one of
-    :data:`RESAMPLE_VARIANTS` (which is then used)."""
-    global resample_variant
-    from PIL import Image
-
-    cases = []
-    for i, (src, dst, box) in enumerate(RESAMPLE_PROBES):
-        a = probe_image(*src, seed=i)
-        for grey in (False, True):
-            img = Image.fromarray(a)
-            arr = a
-            if grey:
-                img = img.convert("L")
-                arr = np.asarray(img)
-            for f in FILTERS:
-                want = np.asarray(img.resize((dst[1], dst[0]), f, box=box))
-                cases.append((arr, dst, f, box or (0.0, 0.0, float(src[1]), float(src[0])), want))
-    for variant in RESAMPLE_VARIANTS:
-        if all(_resample_matches(mod, variant, *case) for case in cases):
-            resample_variant = variant
-            _arithmetic["resample"] = variant[1]
-            return None
-    return f"the compiled resize differs from {_pil_version()}'s, in Pillow's arithmetic and in pillow-simd's"
-
-
-def _resample_matches(mod: ModuleType, variant: tuple[int, int], arr: np.ndarray, dst: tuple[int, int], f: int,
-                      box: tuple[float, ...], want: np.ndarray) -> bool:
-    for flip in (False, True):
-        out = np.empty(dst + arr.shape[2:], np.uint8)
-        mod.resample(arr, out, f, box, flip, variant, (dst[1], dst[0]), (0, 0))
-        if not np.array_equal(out, want[:, ::-1] if flip else want):
-            return False
-    # a window of the output: the same pixels as the crop of the whole
-    h, w = dst
-    out = np.empty((max(1, h // 2), max(1, w // 2)) + arr.shape[2:], np.uint8)
-    mod.resample(arr, out, f, box, False, variant, (w, h), (w // 3, h // 4))
-    return np.array_equal(out, want[h // 4:h // 4 + out.shape[0], w // 3:w // 3 + out.shape[1]])
-
-
-def rotate_data(w: int, h: int, angle: float, expand: Any = False, center: Any = None, translate: Any = None
-                ) -> tuple[list[float], tuple[int, int]]:
-    """The affine data and output (width, height) that ``Image.rotate`` hands to ``Image.transform``
-    for a w x h image, in PIL's own float operations (its cos and sin rounded to 15 places, its
-    centre, translation and expansion); ``angle`` in degrees counter-clockwise, already taken modulo
-    360 as PIL does. PIL's quarter-turn shortcuts are the caller's."""
-    import math
-
-    post_trans = (0, 0) if translate is None else translate
-    if center is None:
-        center = (w / 2, h / 2)
-    angle = -math.radians(angle)
-    m = [round(math.cos(angle), 15), round(math.sin(angle), 15), 0.0,
-         round(-math.sin(angle), 15), round(math.cos(angle), 15), 0.0]
-
-    def apply(x: float, y: float) -> tuple[float, float]:
-        return m[0] * x + m[1] * y + m[2], m[3] * x + m[4] * y + m[5]
-
-    m[2], m[5] = apply(-center[0] - post_trans[0], -center[1] - post_trans[1])
-    m[2] += center[0]
-    m[5] += center[1]
-    if expand:
-        xx, yy = [], []
-        for x, y in ((0, 0), (w, 0), (w, h), (0, h)):
-            tx, ty = apply(x, y)
-            xx.append(tx)
-            yy.append(ty)
-        nw = math.ceil(max(xx)) - math.floor(min(xx))
-        nh = math.ceil(max(yy)) - math.floor(min(yy))
-        m[2], m[5] = apply(-(nw - w) / 2.0, -(nh - h) / 2.0)
-        w, h = nw, nh
-    return m, (w, h)
-
-
-def warp_probes(w: int, h: int) -> list[tuple[list[float], tuple[int, int], bool]]:
-    """(coefficients, output (w, h), perspective) for a w x h image, where PIL's transform has its
-    special cases and its rounding shows: rotations (tiny, quarter turns by matrix, odd angles,
-    expanded, off-centre), shears, scales up and down (nearest's scale-only path), mirrors,
-    translations far out (nearest's double stepper) and off the image, perspectives mild and
-    strong (one whose denominator changes sign), other output sizes."""
-    out: list[tuple[list[float], tuple[int, int], bool]] = []
-    for degrees, expand, centre in ((1e-3, False, None), (7.5, False, None), (33.0, True, None), (90.0, False, None),
-                                    (180.0, True, None), (270.0, False, (2.0, 3.5)), (-45.0, True, None),
-                                    (359.9, False, (w * 0.7, -1.0))):
-        m, size = rotate_data(w, h, degrees % 360.0, expand, centre)
-        out.append((m, size, False))
-    out += [
-        ([1.0, 0.3, -4.0, 0.2, 1.0, 3.0], (w, h), False),  # shear
-        ([2.0, 0.0, 0.25, 0.0, 1.75, -0.5], (w // 2 + 1, h // 2 + 1), False),  # scale down, scale-only path
-        ([0.4, 0.0, 1.3, 0.0, 0.6, -2.0], (w + 7, h + 5), False),  # scale up
-        ([-1.0, 0.0, float(w), 0.0, 1.0, 0.0], (w, h), False),  # mirror
-        ([1.0, 1e-9, 0.0, -1e-9, 1.0, 0.0], (w, h), False),  # next to the identity, fixed-point path
-        ([0.9, 0.1, 40000.5, -0.1, 0.9, 2.0], (w, h), False),  # far out: nearest's double stepper
-        ([0.9, 0.1, -40000.5, 0.1, 0.9, -3.0], (w, h), False),
-        ([1.0, 0.05, -float(w) - 3, 0.0, 1.0, 0.0], (w, h), False),  # entirely off the image
-        ([1.02, 0.05, -3.0, 0.01, 0.98, 2.0, 1e-3, 2e-3], (w, h), True),
-        ([0.7, 0.3, 2.0, -0.2, 1.1, 1.0, 0.01, -0.008], (w + 3, h), True),
-        ([1.1, -0.2, 1.0, 0.15, 0.9, -2.0, -0.06, 0.02], (w, h), True),  # the denominator crosses zero
-    ]
-    return out
-
-
-def check_warp(mod: ModuleType, filters: tuple[int, ...] = tuple(WARP_FILTERS)) -> str | None:
-    """None if ``mod.warp`` equals the installed PIL's ``Image.transform`` on every probe: RGB and L,
-    every filter (or those of ``filters``), :func:`warp_probes` on a probe image and on tiny ones,
-    black and coloured fills; and ``Image.rotate`` (expanded, off-centre, translated) equals the
-    kernel run with :func:`rotate_data`'s matrix and size."""
-    from PIL import Image
-
-    big = probe_image(29, 37, seed=3)
-    images = [big, np.ascontiguousarray(big[..., 1]), probe_image(1, 1, seed=1), probe_image(3, 2, seed=2),
-              np.ascontiguousarray(probe_image(1, 5, seed=4)[..., 0])]
-    for k, a in enumerate(images):
-        img = Image.fromarray(a)
-        h, w = a.shape[:2]
-        fill = (10, 200, 255)[: 1 if a.ndim == 2 else 3] if k % 2 == 0 else (0,) * (1 if a.ndim == 2 else 3)
-        colour = fill[0] if a.ndim == 2 else fill
-        probes = warp_probes(w, h) if k < 2 else warp_probes(w, h)[::3]
-        for coeffs, (ow, oh), persp in probes:
-            method = Image.Transform.PERSPECTIVE if persp else Image.Transform.AFFINE
-            for f in filters:
-                want = np.asarray(img.transform((ow, oh), method, coeffs, f, fillcolor=colour))
-                got = np.empty(want.shape, np.uint8)
-                padded = tuple(float(c) for c in coeffs) + (0.0,) * (8 - len(coeffs))
-                if not mod.warp(a, got, padded, persp, f, bytes(fill)) or not np.array_equal(got, want):
-                    kind = "perspective" if persp else "affine"
-                    return (f"the compiled transform differs from {_pil_version()}'s ({WARP_FILTERS[f]}, {kind} "
-                            f"{coeffs}, {'L' if a.ndim == 2 else 'RGB'} {w}x{h})")
-    # Image.rotate itself: its matrix and size as rotate_data rebuilds them (this PIL's conventions)
-    img = Image.fromarray(big)
-    for angle, expand, center, translate in ((15.0, False, None, None), (-100.5, True, None, None),
-                                             (30.0, False, (5.0, 20.0), (3, -2)), (1e-3, True, (0.0, 0.0), None)):
-        m, (ow, oh) = rotate_data(img.width, img.height, angle % 360.0, expand, center, translate)
-        for f in filters:
-            want = np.asarray(img.rotate(angle, f, expand, center, translate))
-            got = np.empty(want.shape, np.uint8)
-            if want.shape[:2] != (oh, ow) or not mod.warp(big, got, tuple(m) + (0.0, 0.0), False, f, bytes(3)) \
-                    or not np.array_equal(got, want):
-                return f"{_pil_version()}'s Image.rotate differs from its transform with rotate_data's matrix ({angle})"
-    return None
-
-
-def check_grayscale(mod: ModuleType) -> str | None:
-    """None if RGB-to-L and the grey sum equal the installed PIL's in one of :data:`GREY_MODES`."""
-    global grey_mode
-    from PIL import Image
-
-    probe = probe_colours()
-    # widths of every remainder modulo 4: pillow-simd's formula depends on the pixel's place in the row
-    parts = [probe, probe[:, :63], probe[:, :62], probe[:, :61], probe[3:40, 5:50], probe[:1, :1]]
-    wants = [np.asarray(Image.fromarray(np.ascontiguousarray(a)).convert("L")) for a in parts]
-    for mode in GREY_MODES:
-        ok = True
-        for a, want in zip(parts, wants):
-            got = np.empty(a.shape[:2], np.uint8)
-            mod.rgb_to_l(a, got, mode)
-            if not np.array_equal(got, want) or mod.gray_sum(a, mode) != int(want.sum(dtype=np.int64)):
-                ok = False
-                break
-        if ok:
-            grey_mode = mode
-            _arithmetic["grayscale"] = mode
-            return None
-    return f"the compiled RGB-to-L conversion differs from {_pil_version()}'s"
-
-
-SATURATION_PROBE_FACTORS = (0.0, 0.3, 0.5, 0.6, 1.0, 1.4, 2.0, -0.5, 7.5)
-
-
-def check_saturation(mod: ModuleType) -> str | None:
-    global saturation_mode
-    from PIL import Image, ImageEnhance
-
-    probe = probe_colours()
-    parts = [probe, probe[:, :61]]
-    for mode in GREY_MODES:
-        ok = True
-        for a in parts:
-            a = np.ascontiguousarray(a)
-            for factor in SATURATION_PROBE_FACTORS:
-                want = np.asarray(ImageEnhance.Color(Image.fromarray(a)).enhance(factor))
-                got = np.empty_like(a)
-                mod.blend_gray(a, got, factor, mode)
-                if not np.array_equal(got, want):
-                    ok = False
-                    break
-            if not ok:
-                break
-        if ok:
-            saturation_mode = mode
-            _arithmetic["saturation"] = mode
-            return None
-    return f"the compiled saturation blend differs from {_pil_version()}'s"
-
-
-BLEND_PROBE = ((0, 0.0), (0, 0.3), (0, 0.6), (0, 1.0), (0, 1.4), (0, 2.7), (127, 0.6), (128, 1.3),
-               (255, 0.3), (1, -0.5), (90, 7.5), (200, 0.999))
-
-
-SHARPNESS_PROBE_FACTORS = (0.0, 0.1, 0.5, 1.0, 1.37, 1.9, 2.0, -0.5, 7.5)
-
-
-def check_sharpness(mod: ModuleType) -> str | None:
-    """The kernel against ``ImageEnhance.Sharpness`` on colours where rounding shows, RGB and L, and on
-    the shapes PIL treats apart (under 3 x 3: copied whole; 3 wide or high: only borders)."""
-    from PIL import Image, ImageEnhance
-
-    probe = probe_colours()
-    parts = [probe, probe[:, :61], probe[:3, :3], probe[:2, :9], probe[:7, :1], probe[5:9, 7:10]]
-    for a in parts + [np.ascontiguousarray(p[..., 1]) for p in parts[:2]]:
-        a = np.ascontiguousarray(a)
-        img = Image.fromarray(a)
-        for factor in SHARPNESS_PROBE_FACTORS:
-            want = np.asarray(ImageEnhance.Sharpness(img).enhance(factor))
-            got = np.empty_like(a)
-            mod.sharpness(a, got, factor)
-            if not np.array_equal(got, want):
-                return f"the compiled sharpness differs from {_pil_version()}'s (factor {factor}, shape {a.shape})"
-    return None
-
-
-def check_blend(mod: ModuleType) -> str | None:
-    from PIL import Image
-
-    probe = probe_colours()
-    img = Image.fromarray(probe)
-    for value, factor in BLEND_PROBE:
-        want = np.asarray(Image.blend(Image.new("RGB", img.size, (value,) * 3), img, factor))
-        got = np.empty_like(probe)
-        mod.blend_const(probe, got, value, factor)
-        grey = np.ascontiguousarray(probe[..., 1])
-        want_l = np.asarray(Image.blend(Image.new("L", img.size, value), Image.fromarray(grey), factor))
-        got_l = np.empty_like(grey)
-        mod.blend_const(grey, got_l, value, factor)
-        if not (np.array_equal(got, want) and np.array_equal(got_l, want_l)):
-            return f"the compiled blend differs from {_pil_version()}'s (value {value}, factor {factor})"
-    return None
-
-
-def pil_hue_shift(a: np.ndarray, shift: int) -> np.ndarray:
-    """torchvision's PIL hue round trip on an RGB array, for reference: HSV, add to H, back to RGB."""
-    from PIL import Image
-
-    h, s, v = Image.fromarray(np.ascontiguousarray(a), "RGB").convert("HSV").split()
-    hue = (np.asarray(h, dtype=np.uint8) + np.uint8(shift & 255)).astype(np.uint8)
-    return np.asarray(Image.merge("HSV", (Image.fromarray(hue, "L"), s, v)).convert("RGB"))
-
-
-def check_hue(mod: ModuleType) -> str | None:
-    probe = probe_colours()
-    for shift in (0, 1, 37, 128, 219, 255):
-        got = np.empty_like(probe)
-        mod.hue_shift(probe, got, shift)
-        if not np.array_equal(got, pil_hue_shift(probe, shift)):
-            return f"the compiled hue shift differs from {_pil_version()}'s"
-    return None
-
-
-def check_tables(mod: ModuleType) -> str | None:
-    probe = probe_colours()[5:37, 3:50]
-    tables = np.random.default_rng(7).integers(0, 256, size=(3, 256), dtype=np.uint8)
-    got = np.empty_like(probe)
-    mod.lut(probe, got, tables.tobytes())
-    if not np.array_equal(got, np.stack([tables[c][probe[..., c]] for c in range(3)], -1)):
-        return "the compiled table lookup is wrong"
-    for dtype in (np.float32, np.float64):
-        table = np.random.default_rng(3).standard_normal((3, 256)).astype(dtype)
-        out = np.empty((3,) + probe.shape[:2], dtype)
-        mod.planes_lut(probe, table, out)
-        if not np.array_equal(out, np.stack([table[c][probe[..., c]] for c in range(3)])):
-            return "the compiled tensor tail is wrong"
-        out = np.empty(probe.shape, dtype)
-        mod.pixels_lut(probe, table, out)
-        if not np.array_equal(out, np.stack([table[c][probe[..., c]] for c in range(3)], -1)):
-            return "the compiled tensor tail is wrong"
-    return None
-
-
-#: The crop-decode probes: (label, height, width, how encoded). Odd sizes, every chroma sampling
-#: simplejpeg writes, grey, restart markers and progressive files (PIL's encoder).
-CROP_PROBES = (
-    ("4:2:0", 61, 47, "420"), ("4:2:2", 33, 131, "422"), ("4:4:0", 47, 61, "440"), ("4:4:4", 17, 16, "444"),
-    ("4:1:1", 29, 70, "411"), ("grey", 23, 37, "gray"), ("4:2:0 1 x 1", 1, 1, "420"), ("4:2:0 2 x 3", 2, 3, "420"),
-    ("4:2:2 1 x 19", 1, 19, "422"), ("4:2:0 with restart markers", 40, 53, "restart"),
-    ("progressive 4:2:0", 45, 53, "progressive"), ("progressive grey", 19, 35, "progressive-grey"),
-)
-#: iMCU (height, width) by encoding: the unit libjpeg crops and skips in.
-_IMCU = {"420": (16, 16), "422": (8, 16), "440": (16, 8), "444": (8, 8), "411": (8, 32), "gray": (8, 8),
-         "restart": (16, 16), "progressive": (16, 16), "progressive-grey": (8, 8)}
-
-
-def _crop_probe_jpeg(h: int, w: int, how: str, seed: int) -> bytes:
-    import io
-
-    import simplejpeg
-    from PIL import Image
-
-    # noise next to gradients: chroma changes from one sample to the next, so a wrong edge shows
-    rng = np.random.default_rng(seed)
-    a = probe_image(h, w, seed)
-    a = np.where(rng.random((h, w, 1)) < 0.5, a, rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).astype(np.uint8)
-    if how in ("420", "422", "440", "444", "411"):
-        return simplejpeg.encode_jpeg(a, 90, colorsubsampling=how)
-    if how == "gray":
-        return simplejpeg.encode_jpeg(np.ascontiguousarray(a[..., :1]), 90, colorspace="GRAY")
-    img = Image.fromarray(a)
-    out = io.BytesIO()
-    if how == "restart":
-        img.save(out, "JPEG", quality=90, subsampling=2, restart_marker_blocks=1)
-    elif how == "progressive":
-        img.save(out, "JPEG", quality=90, subsampling=2, progressive=True)
-    else:
-        img.convert("L").save(out, "JPEG", quality=90, progressive=True)
-    return out.getvalue()
-
-
-def crop_windows(h: int, w: int, imcu: tuple[int, int]) -> list[tuple[int, int, int, int]]:
-    """Windows (top, left, height, width) of an h x w image where a crop decode goes wrong if it can: left
-    and top edges at every offset of the first iMCU and on its far boundary, right and bottom edges at
-    every offset of the second, narrow windows (1 to 5 pixels), windows touching every edge, the whole image."""
-    mh, mw = imcu
-    out = {(0, 0, h, w), (0, 0, 1, 1), (h - 1, w - 1, 1, 1), (0, w - 1, 1, 1), (h - 1, 0, 1, 1),
-           (0, 0, 1, w), (h - 1, 0, 1, w), (0, 0, h, 1), (0, w - 1, h, 1)}
-    for r in range(mw + 1):
-        left = min(r, w - 1)
-        top = (3 * r) % h
-        out.add((top, left, min((h, 1, 2, 5)[r % 4], h - top), min((1, 2, 3, w)[r % 4], w - left)))
-        # wider than an iMCU, so that the decoded band ends at this right edge (narrower bands are widened)
-        right = min(mw + r + 1, w)
-        left = min(r % 5, right - 1)
-        out.add(((5 * r) % h, left, h - (5 * r) % h, right - left))
-    for r in range(mh + 1):
-        top = min(r, h - 1)
-        left = (5 * r) % w
-        out.add((top, left, min((1, 2, 3, h)[r % 4], h - top), w - left))
-        bottom = min(mh + r + 1, h)
-        top = max(0, bottom - 1 - r % 3)
-        out.add((top, (3 * r) % w, bottom - top, w - (3 * r) % w))
-    return sorted(out)
-
-
-def check_crop_decode(mod: ModuleType) -> str | None:
-    """None if region decodes of every probe (:data:`CROP_PROBES`, :func:`crop_windows`) equal simplejpeg's
-    full decode sliced. Progressive files that differ are left to the full decode, the rest still used."""
-    global _crop_multiscan, _crop_note
-    try:
-        import simplejpeg
-    except ImportError:
-        return "simplejpeg, the full decode it is checked against, is not installed"
-    multiscan_why = ""
-    for seed, (label, h, w, how) in enumerate(CROP_PROBES):
-        data = _crop_probe_jpeg(h, w, how, seed)
-        want = simplejpeg.decode_jpeg(data, colorspace="RGB")
-        for top, left, wh, ww in crop_windows(h, w, _IMCU[how]):
-            try:
-                buf, stride, oy, ox = mod.decode_region(data, top, left, wh, ww)
-            except mod.Error as exc:
-                why = f"it failed on a {label} JPEG: {exc}"
-            else:
-                got = np.frombuffer(buf, np.uint8).reshape(len(buf) // stride, stride // 3, 3)[oy:oy + wh, ox:ox + ww]
-                if np.array_equal(got, want[top:top + wh, left:left + ww]):
-                    continue
-                why = (f"it differs from the full decode on a {label} {h} x {w} JPEG "
-                       f"(window top {top}, left {left}, {wh} x {ww})")
-            if how.startswith("progressive"):
-                multiscan_why = why
-                break
-            return f"{mod.LIBJPEG_VERSION}'s crop decode is not exact: {why}"
-    _crop_multiscan = not multiscan_why
-    _crop_note = f"progressive files decoded whole: {multiscan_why}" if multiscan_why else ""
-    return None
-
-
-def check_torch_draws(mod: ModuleType) -> str | None:
-    """torch's draws reproduced (``torch_draws.py``): checked against the installed torch's own."""
-    from . import torch_draws
-
-    return torch_draws.check(mod)
-
-
-CHECKS: dict[str, Callable[[Any], str | None]] = {
-    "resample": check_resample,
-    "warp": check_warp,
-    "grayscale": check_grayscale,
-    "saturation": check_saturation,
-    "blend": check_blend,
-    "sharpness": check_sharpness,
-    "hue": check_hue,
-    "tables": check_tables,
-    "crop_decode": check_crop_decode,
-    "torch_draws": check_torch_draws,
-}

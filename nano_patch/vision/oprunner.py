@@ -1,12 +1,12 @@
 """A sample's recorded operations as one native call: the op runner (``csrc/oplist.c``).
 
-A batch's draw writes each sample's pixel operations down as typed ops (``pixels.Recording``). Where every op of
+A batch's draw writes each sample's pixel operations down as typed ops (``recording.Recording``). Where every op of
 a sample has a native record (crop, resize, flips, ColorJitter's operations, grey, per-value point ops,
 sharpness) and the recording ends in the plan's tensor tail, the render makes them all, and the tail, in one call
 of the extension with the GIL released once, on the decoded array or the cache's view. The kernels are the ones
 the Python path calls (each checked against the installed PIL before use), called in the same order with the same
 deferred geometry, so the pixels are the Python path's, and so stock's, bit for bit. Anything else (a user's
-Lambda, a histogram op, a warp, a recording ending in an image) keeps the Python path (``pixels.render``), and
+Lambda, a histogram op, a warp, a recording ending in an image) keeps the Python path (``recording.render``), and
 the run report counts those samples and says why.
 
 Where every sample of a batch runs here and ends in the same shape and dtype, the tails write straight into the
@@ -24,8 +24,10 @@ from typing import Any
 import numpy as np
 
 from .. import report
-from . import native
-from .pixels import OP_CROP, OP_KERNELS, Recording, TensorTail
+from . import native, native_checks, native_kernels
+from .batch_slots import mark_slot
+from .pixel_ops import OP_CROP, OP_KERNELS, RenderFailed, TensorTail
+from .recording import Recording
 
 _code = operator.itemgetter(0)  # a record's op code
 
@@ -136,8 +138,9 @@ def runner_tail_of(tail: TensorTail) -> tuple[int, Any] | str:
 
 
 def _settings() -> tuple[int, int, int, int]:
-    order_rule, weights = native.resample_variant
-    return order_rule, weights, native.grey_mode, native.saturation_mode
+    found = native_checks.found
+    order_rule, weights = found.resample
+    return order_rule, weights, found.grey, found.saturation
 
 
 def _own_output(job: NativeRun) -> tuple[np.ndarray, Any]:
@@ -213,7 +216,7 @@ def run_file(job: NativeRun, path: Any, size: tuple[int, int]) -> Any:
     window = _starts_with_crop(job.records)
     records = _window_first(job.records, size)
     out, tensor = _output(job)
-    got = mod.run_ops_file(api, path, size, (True, native.crop_multiscan()), _FILE_MAX_BYTES, records, job.kind,
+    got = mod.run_ops_file(api, path, size, (True, native_kernels.crop_multiscan()), _FILE_MAX_BYTES, records, job.kind,
                            job.table, out, job.shape, _settings())
     if got is True:
         if report.stats is not None:
@@ -235,8 +238,8 @@ def run_jpeg(job: NativeRun, data: bytes, size: tuple[int, int], path: Any) -> A
     if first is not None and first[0] == OP_CROP:
         _, top, left, height, width = first[:5]
         try:
-            region = native.decode_jpeg_region(data, top, left, height, width)
-        except (native.NativeUnavailable, native.JpegRegionError):
+            region = native_kernels.decode_jpeg_region(data, top, left, height, width)
+        except (native.NativeUnavailable, native_kernels.JpegRegionError):
             pass  # the whole file, as without crop decoding: its own rules, its own errors
         else:
             if report.stats is not None:
@@ -245,8 +248,6 @@ def run_jpeg(job: NativeRun, data: bytes, size: tuple[int, int], path: Any) -> A
             return run(rest, region)
     a = decode.decode_rgb(path, data=data, checked=True)
     if a.shape[:2] != tuple(size):
-        from .pixels import RenderFailed
-
         raise RenderFailed("the decode's size is not the header's")
     return run(job, a)
 
@@ -300,10 +301,8 @@ def _same_dense(shape: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...]) 
 
 def batch_tensor(jobs: list[NativeRun]) -> Any:
     """Where every sample's tail is the same tensor: one batch tensor in ``default_collate``'s layout, each job's
-    slot set to its sample's place in it (``data/collate.py`` recognises the slots). Else None (nothing set)."""
-
-    from ..data import collate
-
+    slot set to its sample's place in it and marked (``batch_slots``: ``data/collate.py`` recognises the slots).
+    Else None (nothing set)."""
     first = jobs[0]
     kind, out_shape, table = first.kind, first.shape, first.table
     for j in jobs:  # (a run's samples share their tail's table: the identity answers)
@@ -330,7 +329,7 @@ def batch_tensor(jobs: list[NativeRun]) -> Any:
     slots = base.unbind(0)
     if tuple(slots[0].stride()) != strides:  # they differ on a size-1 dimension: the sample's own strides
         slots = tuple(slot.as_strided(shape, strides) for slot in slots)
-    mark = collate.mark_slot
+    mark = mark_slot
     for k, (job, slot) in enumerate(zip(jobs, slots)):
         job.slot_tensor, job.flat, job.offset, job.batch = mark(slot, base, k), flat, k * step, base
     return base
@@ -412,7 +411,7 @@ def native_batch(jobs: list[NativeRun | None], sources: list[Any]) -> NativeBatc
             records = _window_first(records, source[1])
         items.append((source, records, job.offset))  # type: ignore[union-attr]
     handle = mod.prepare_batch(api, items, first.kind, first.table, first.flat, first.shape, _settings(),
-                               (True, native.crop_multiscan()), _FILE_MAX_BYTES)
+                               (True, native_kernels.crop_multiscan()), _FILE_MAX_BYTES)
     return NativeBatch(handle, jobs)  # type: ignore[arg-type]
 
 

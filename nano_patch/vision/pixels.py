@@ -1,11 +1,10 @@
-"""The pixel types of a plan and the operations a draw writes down for its render.
+"""The pixels of a plan: the image between planned steps, and its pixel operations.
 
 :class:`Pixels` is the image between planned steps: an array, and geometry not yet applied to it (a crop is a
 view; a resize waits so that a horizontal flip drawn after it is written into its output; a flip waits
 through colour operations). :class:`JpegPixels` is a JPEG not decoded yet (a first crop decodes only its
-window). :class:`Recording` stands in for the pixels while a batch's draws run: it writes each pixel operation
-down as a typed :class:`Op` (a small object with its parameters, and the native op runner's record for it),
-which :func:`render` (Python) or ``oprunner.run`` (one native call) makes later, on the real pixels.
+window). The pixel operations are methods, so that a draw (``recording.Recording``, the same interface without
+pixels) can write them down as typed ops (``pixel_ops.py``) for a render to make later.
 
 The step runners that call these are in ``steps.py`` (torchvision's v1 transforms) and ``policies.py``
 (AutoAugment and its kin, v1, v2 and timm's); ``compose_plan.py`` ties them to a ``Compose``.
@@ -13,8 +12,6 @@ The step runners that call these are in ``steps.py`` (torchvision's v1 transform
 
 from __future__ import annotations
 
-import math
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,16 +19,16 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from .. import report
+from .. import report, sysinfo
 from . import functional as K
+from . import native, native_kernels, stock
 from .image import FastImage
 
-#: torchvision.transforms.functional and torch, set by ``plan.configure`` (stock's own functions and draws).
-stock_F: Any = None
-stock_torch: Any = None
-#: pillow-simd's grey depends on a pixel's place in its row (its SIMD loop leaves the last width % 4
-#: pixels to Pillow's formula), so under it a flip must not wait through the grey-based operations.
-GREY_BY_POSITION = False
+
+def grey_by_position() -> bool:
+    """pillow-simd's grey depends on a pixel's place in its row (its SIMD loop leaves the last width % 4 pixels to
+    Pillow's formula), so under it a flip must not wait through the grey-based operations."""
+    return sysinfo.pillow_is_simd()
 
 
 class UseStock(Exception):
@@ -147,7 +144,7 @@ class Pixels:
 
     def grey(self, channels: int) -> Pixels:
         """``to_grayscale`` with ``channels`` (1 or 3) output channels."""
-        before = self.array() if GREY_BY_POSITION else self.unflipped()
+        before = self.array() if grey_by_position() else self.unflipped()
         self.base = K.to_grayscale(before, channels)
         if self.base is not before:
             self.owned = True
@@ -231,11 +228,9 @@ class JpegPixels(Pixels):
         h, w = self.shape
         if (not self._decoded() and self.resize is None and not self.flip and top >= 0 and left >= 0
                 and height > 0 and width > 0 and top + height <= h and left + width <= w):
-            from . import native
-
             try:
-                region = native.decode_jpeg_region(self.data, top, left, height, width)
-            except (native.NativeUnavailable, native.JpegRegionError):
+                region = native_kernels.decode_jpeg_region(self.data, top, left, height, width)
+            except (native.NativeUnavailable, native_kernels.JpegRegionError):
                 pass  # the whole file, as without crop decoding: its own rules, its own errors
             else:
                 self.base, self.owned = region, True
@@ -243,18 +238,6 @@ class JpegPixels(Pixels):
                     report.stats.count("vision_datasets", True, "JPEG window decoded by libjpeg-turbo (crop region)")
                 return
         super().crop(top, left, height, width)
-
-
-class NotSplittable(Exception):
-    """A step needs pixels (or runs stock code) while it draws: no draw/render split.
-
-    ``every_time``: the plan itself has such a step (a stock step at a fixed position), so every sample would
-    raise it; otherwise it depends on what a sample drew (a policy op left to its library's own code).
-    """
-
-    def __init__(self, why: str, every_time: bool = False) -> None:
-        super().__init__(why)
-        self.every_time = every_time
 
 
 # --- ColorJitter's operations on pixels --------------------------------------------------------
@@ -277,10 +260,10 @@ def _colour(px: Pixels, op: tuple[Callable[..., np.ndarray], str, bool], factor:
     kernel, name, keeps_info = op
     grey_based = name in ("adjust_contrast", "adjust_saturation")
     try:
-        out = kernel(px.array() if grey_based and GREY_BY_POSITION else px.unflipped(), factor)
+        out = kernel(px.array() if grey_based and grey_by_position() else px.unflipped(), factor)
     except (TypeError, ValueError):
         # an argument the kernel leaves to stock: stock's function, on stock's image
-        result = getattr(stock_F, name)(px.image(), factor)
+        result = getattr(stock.functional(), name)(px.image(), factor)
         if not (isinstance(result, Image.Image) and result.mode == px.mode):
             raise LeftPlan(result) from None
         return Pixels.of(result)
@@ -298,381 +281,3 @@ class LeftPlan(Exception):
     def __init__(self, value: Any) -> None:
         super().__init__()
         self.value = value
-
-
-# --- the typed operations: what a draw writes down, for a render to make later ---------------------------
-
-#: Codes of the native op runner (``csrc/oplist.c``): one record per op, ``(code, a, b, c, d, factor, table)``.
-OP_CROP, OP_RESIZE, OP_HFLIP, OP_VFLIP, OP_BRIGHTNESS, OP_CONTRAST, OP_SATURATION, OP_HUE, OP_GREY, OP_LUT, \
-    OP_SHARPNESS = range(1, 12)
-#: The checked kernels (``native.KERNELS``) each op code runs.
-OP_KERNELS = {OP_CROP: (), OP_RESIZE: ("resample",), OP_HFLIP: ("resample",), OP_VFLIP: ("resample",),
-              OP_BRIGHTNESS: ("blend",), OP_CONTRAST: ("blend", "grayscale"), OP_SATURATION: ("saturation",),
-              OP_HUE: ("hue",), OP_GREY: ("grayscale",), OP_LUT: ("tables",), OP_SHARPNESS: ("sharpness",)}
-_COLOUR_CODES = {"adjust_brightness": OP_BRIGHTNESS, "adjust_contrast": OP_CONTRAST,
-                 "adjust_saturation": OP_SATURATION, "adjust_hue": OP_HUE}
-
-Record = tuple[int, int, int, int, int, float, "bytes | None"]
-
-
-class Op:
-    """One pixel operation with its parameters, as a draw wrote it down.
-
-    ``apply(px)`` makes it on :class:`Pixels` (the Python path) and returns the pixels to carry on with;
-    ``record`` is the native op runner's record for it, or None, with ``why`` saying what keeps it in Python.
-    """
-
-    __slots__ = ("record", "why")
-
-    def apply(self, px: Pixels) -> Pixels:
-        raise NotImplementedError
-
-    def _native(self, record: Record | None, why: str = "") -> None:
-        self.record, self.why = record, why
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and self._key() == other._key()  # type: ignore[attr-defined]
-
-    def __hash__(self) -> int:
-        return hash((type(self), self._key()))
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}{self._key()!r}"
-
-    def _key(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, s) for s in type(self).__slots__)
-
-
-class Crop(Op):
-    """``crop(top, left, height, width)`` of the image as it is then (a view where it lies inside)."""
-
-    __slots__ = ("top", "left", "height", "width")
-
-    def __init__(self, top: int, left: int, height: int, width: int, inside: bool) -> None:
-        self.top, self.left, self.height, self.width = top, left, height, width
-        self._native((OP_CROP, top, left, height, width, 0.0, None) if inside else None,
-                     "" if inside else "a crop reaching outside the image (PIL's zero fill)")
-
-    def apply(self, px: Pixels) -> Pixels:
-        px.crop(self.top, self.left, self.height, self.width)
-        return px
-
-
-_filters: dict[int, str] | None = None
-
-
-def native_filters() -> dict[int, str]:
-    global _filters
-    if _filters is None:
-        from . import native  # (imported late: native's checks import this module's neighbours)
-
-        _filters = native.FILTERS
-    return _filters
-
-
-class Resize(Op):
-    """PIL's convolution resize (or nearest) to ``height`` x ``width`` with PIL's filter number ``pil_filter``."""
-
-    __slots__ = ("height", "width", "pil_filter")
-
-    def __init__(self, height: int, width: int, pil_filter: int) -> None:
-        self.height, self.width, self.pil_filter = height, width, pil_filter
-        ok = pil_filter in native_filters()
-        self._native((OP_RESIZE, height, width, pil_filter, 0, 0.0, None) if ok else None,
-                     "" if ok else "a nearest-neighbour resize (OpenCV's)")
-
-    def apply(self, px: Pixels) -> Pixels:
-        px.resize_to(self.height, self.width, self.pil_filter)
-        return px
-
-
-class HFlip(Op):
-    __slots__ = ()
-
-    def __init__(self) -> None:
-        self._native((OP_HFLIP, 0, 0, 0, 0, 0.0, None))
-
-    def apply(self, px: Pixels) -> Pixels:
-        px.hflip()
-        return px
-
-
-class VFlip(Op):
-    __slots__ = ()
-
-    def __init__(self) -> None:
-        self._native((OP_VFLIP, 0, 0, 0, 0, 0.0, None))
-
-    def apply(self, px: Pixels) -> Pixels:
-        px.vflip()
-        return px
-
-
-#: The flips have no parameters: every recording shares one of each (an op is never changed once made).
-HFLIP, VFLIP = HFlip(), VFlip()
-
-
-def plain_factor(factor: Any) -> float | None:
-    """A factor the kernels take as they are (``functional._factor``), else None (Python decides)."""
-    t = type(factor)
-    if (t is not float and t is not int) or not math.isfinite(factor) or abs(factor) > 1e30:
-        return None
-    return float(factor)
-
-
-class Colour(Op):
-    """One of ColorJitter's operations (``JITTER``: brightness, contrast, saturation, hue) with its factor."""
-
-    __slots__ = ("op", "factor")
-
-    def __init__(self, op: tuple[Callable[..., np.ndarray], str, bool], factor: float) -> None:
-        self.op, self.factor = op, factor
-        code = _COLOUR_CODES[op[1]]
-        f = plain_factor(factor)
-        if f is None:
-            self._native(None, f"{op[1]} with factor {factor!r} (stock's own checks)")
-        elif code in (OP_CONTRAST, OP_SATURATION) and GREY_BY_POSITION:
-            self._native(None, f"{op[1]} under pillow-simd (its grey depends on the pixel's place)")
-        elif code == OP_HUE:
-            if not -0.5 <= f <= 0.5:
-                self._native(None, f"adjust_hue with factor {factor!r} (stock raises)")
-            else:  # torchvision's own expression, np.int32(f * 255).astype(np.uint8), in integers: a float32
-                # truncated toward zero, then wrapped to a byte (|f * 255| <= 127.5 here)
-                self._native((OP_HUE, int(f * 255) & 0xFF, 0, 0, 0, 0.0, None))
-        else:
-            self._native((code, 0, 0, 0, 0, f, None))
-
-    def apply(self, px: Pixels) -> Pixels:
-        return px.colour(self.op, self.factor)
-
-
-class Grey(Op):
-    """``to_grayscale`` with ``channels`` (1 or 3) output channels."""
-
-    __slots__ = ("channels",)
-
-    def __init__(self, channels: int) -> None:
-        self.channels = channels
-        self._native(None if GREY_BY_POSITION else (OP_GREY, channels, 0, 0, 0, 0.0, None),
-                     "grey under pillow-simd (its grey depends on the pixel's place)")
-
-    def apply(self, px: Pixels) -> Pixels:
-        return px.grey(self.channels)
-
-
-#: Point tables by kernel and arguments (a policy's magnitudes repeat): worked out once.
-_POINT_TABLES: dict[tuple[Any, ...], bytes | None] = {}
-_point_tables_lock = threading.Lock()
-
-
-def _point_table(kernel: Callable[..., np.ndarray], args: tuple[Any, ...]) -> bytes | None:
-    """The 256-entry table of a per-value point kernel with these arguments (the kernel's own arithmetic, run
-    once on the 256 values), or None where the kernel is not one (a histogram op) or refuses them."""
-    if kernel not in (K.posterize, K.solarize, K.invert, K.lut):
-        return None  # autocontrast, equalize: their tables depend on the image's histogram
-    key = (kernel, *((type(a), a) for a in args)) if all(type(a) in (int, float) for a in args) else None
-    if key is not None:
-        with _point_tables_lock:  # loaders in several threads
-            if key in _POINT_TABLES:
-                return _POINT_TABLES[key]
-    table = _point_table_of(kernel, args)
-    if key is not None:
-        with _point_tables_lock:
-            if len(_POINT_TABLES) < 4096:
-                _POINT_TABLES[key] = table
-    return table
-
-
-def _point_table_of(kernel: Callable[..., np.ndarray], args: tuple[Any, ...]) -> bytes | None:
-    try:
-        table = kernel(np.arange(256, dtype=np.uint8).reshape(1, 256), *args)
-    except Exception:  # noqa: BLE001 - the Python path raises it again, where it did
-        return None
-    table = np.asarray(table)
-    if table.shape != (1, 256) or table.dtype != np.uint8:
-        return None
-    return table.tobytes()
-
-
-class Point(Op):
-    """A per-pixel ``kernel(array, *args)``; a pending flip may wait through it."""
-
-    __slots__ = ("kernel", "args")
-
-    def __init__(self, kernel: Callable[..., np.ndarray], args: tuple[Any, ...]) -> None:
-        self.kernel, self.args = kernel, args
-        table = _point_table(kernel, args)
-        self._native(None if table is None else (OP_LUT, 0, 0, 0, 0, 0.0, table),
-                     f"{getattr(kernel, '__name__', 'a point kernel')} (its table depends on the image)")
-
-    def apply(self, px: Pixels) -> Pixels:
-        return px.point(self.kernel, *self.args)
-
-
-class Whole(Op):
-    """A ``kernel(array, *args)`` that depends on where pixels are (warps, sharpness): flips applied first."""
-
-    __slots__ = ("kernel", "args")
-
-    def __init__(self, kernel: Callable[..., np.ndarray], args: tuple[Any, ...]) -> None:
-        self.kernel, self.args = kernel, args
-        f = plain_factor(args[0]) if kernel is K.adjust_sharpness and len(args) == 1 else None
-        self._native(None if f is None else (OP_SHARPNESS, 0, 0, 0, 0, f, None),
-                     f"{getattr(kernel, '__name__', 'a kernel')} (no native op)")
-
-    def apply(self, px: Pixels) -> Pixels:
-        return px.whole(self.kernel, *self.args)
-
-
-class TensorTail(Op):
-    """The plan's tensor tail (``plan.Tail``): the end of the run, a tensor in stock's layout.
-
-    ``channels``: the image's channels when it gets there; ``table``: the tail's C x 256 float table for them
-    (None for a uint8 tensor).
-    """
-
-    __slots__ = ("tail", "uint8", "channels", "table", "planes", "to_bytes", "runner_tail")
-
-    def __init__(self, tail: Any, uint8: bool, channels: int) -> None:
-        self.tail, self.uint8, self.channels = tail, uint8, channels
-        #: the op runner's (kind, table) for this tail, or why it has none: worked out once (``oprunner.prepare``)
-        self.runner_tail: tuple[int, Any] | str | None = None
-        #: ToTensor's layout (C x H x W planes), else PILToTensor's (a view of H x W x C pixels)
-        self.planes = bool(tail.to_tensor)
-        #: the pixels as a uint8 tensor: PILToTensor alone, or the uint8 stand-in for ToTensor
-        self.to_bytes = uint8 or (len(tail) == 1 and not self.planes)
-        self.table = None if self.to_bytes else tail.table(channels)
-        if self.to_bytes or self.table is not None and (self.planes or self.table.shape[0] == channels):
-            self._native((0, 0, 0, 0, 0, 0.0, None))
-        else:
-            self._native(None, "the tensor tail runs stock code" if self.table is None else
-                         "a grey image normalised to three channels after PILToTensor")
-
-    def _key(self) -> tuple[Any, ...]:
-        return (self.tail, self.uint8, self.channels)
-
-    def apply(self, px: Pixels) -> Any:
-        out = self.tail.tensor_from(px, self.uint8)
-        if out is None:
-            raise RenderFailed("the tensor tail left to stock")
-        return out
-
-
-class ImageEnd(Op):
-    """The end of a run with no tensor tail: the image (a ``FastImage`` if one came in, else a plain one)."""
-
-    __slots__ = ("fast_in",)
-
-    def __init__(self, fast_in: bool) -> None:
-        self.fast_in = fast_in
-        self._native(None, "the Compose ends in an image, not a tensor")
-
-    def apply(self, px: Pixels) -> Any:
-        img = px.image()
-        return img if self.fast_in else img.to_plain()
-
-
-class Recording(Pixels):
-    """The draw half of a plan run: sizes and mode only, no pixels.
-
-    It stands in for :class:`Pixels` while a plan runs its steps: every random draw happens as stock makes
-    it (from the size and mode alone), and every pixel operation is written down as a typed :class:`Op` with
-    its parameters. :func:`render` later makes them, in the same order, on the real pixels (in any thread: it
-    draws nothing), in Python or as one call of the native op runner (``vision/oprunner.py``). Whatever needs
-    the pixels while drawing (a stock step, a stock fallback inside a step) raises :class:`NotSplittable`.
-    """
-
-    __slots__ = ("ops", "_hw", "_mode", "draws", "erasures", "shared")
-
-    def __init__(self, hw: tuple[int, int], mode: str = "RGB", draws: Any = None,
-                 shared: dict[Any, Any] | None = None) -> None:
-        self.ops: list[Op] = []
-        self.draws = draws
-        #: what the recordings of one run of samples share (their tensor tail's op): no user code runs between
-        #: their draws, so what it is made of (a Normalize's constants) cannot change among them
-        self.shared = shared
-        #: a deferred tail's RandomErasing draws (``data.device_tail.Erasure``), made with the others: the render's
-        #: uint8 image goes out with them (``data.device_tail.ErasedImage``)
-        self.erasures: list[Any] | None = None
-        self._hw, self._mode = hw, mode
-        self._nothing_pending()
-
-    @property  # type: ignore[override]
-    def base(self) -> np.ndarray:
-        raise NotSplittable("a step reads the pixels while it draws")
-
-    @base.setter
-    def base(self, value: np.ndarray) -> None:
-        raise NotSplittable("a step writes the pixels while it draws")
-
-    @property
-    def hw(self) -> tuple[int, int]:
-        return self._hw
-
-    @property
-    def mode(self) -> str:
-        return self._mode
-
-    def array(self) -> np.ndarray:
-        raise NotSplittable("a step reads the pixels while it draws")
-
-    unflipped = array
-
-    def image(self) -> FastImage:
-        raise NotSplittable("a step runs stock code on the image while it draws")
-
-    def crop(self, top: int, left: int, height: int, width: int) -> None:
-        h, w = self._hw
-        inside = top >= 0 and left >= 0 and height > 0 and width > 0 and top + height <= h and left + width <= w
-        self.ops.append(Crop(top, left, height, width, inside))
-        self._hw = (height, width)
-
-    def resize_to(self, height: int, width: int, pil_filter: int) -> None:
-        self.ops.append(Resize(height, width, pil_filter))
-        self._hw = (height, width)
-
-    def hflip(self) -> None:
-        self.ops.append(HFLIP)
-
-    def vflip(self) -> None:
-        self.ops.append(VFLIP)
-
-    def point(self, kernel: Callable[..., np.ndarray], *args: Any) -> Pixels:
-        self.ops.append(Point(kernel, args))
-        return self
-
-    def whole(self, kernel: Callable[..., np.ndarray], *args: Any) -> Pixels:
-        self.ops.append(Whole(kernel, args))
-        return self
-
-    def colour(self, op: tuple[Callable[..., np.ndarray], str, bool], factor: float) -> Pixels:
-        self.ops.append(Colour(op, factor))
-        return self
-
-    def grey(self, channels: int) -> Pixels:
-        self.ops.append(Grey(channels))
-        self._mode = "L" if channels == 1 else "RGB"
-        return self
-
-    def end_in_tensor(self, tail: Any, uint8: bool) -> None:
-        self.ops.append(TensorTail(tail, uint8, 1 if self._mode == "L" else 3))
-
-    def end_in_image(self, fast_in: bool) -> None:
-        self.ops.append(ImageEnd(fast_in))
-
-
-class RenderFailed(Exception):
-    """A written-down step could not be made on the pixels as the draw expected (its caller redoes the batch)."""
-
-
-def render(recording: Recording, px: Pixels) -> Any:
-    """Make the pixel operations ``recording`` wrote down on ``px``, in order, in Python: the plan's result.
-
-    Draws nothing, so it may run in any thread. The result is what the plan's ``run`` would have returned.
-    """
-    ops = recording.ops
-    if not ops or not isinstance(ops[-1], (TensorTail, ImageEnd)):
-        raise RenderFailed("a recording with no end")
-    for op in ops:
-        px = op.apply(px)
-    return px

@@ -2,7 +2,7 @@
 versions on PIL input, and timm's AutoAugment and RandAugment.
 
 Each runner makes stock's draws in stock's order (torch's generator for torchvision, NumPy's and Python's for
-timm) and each op as a kernel on :class:`pixels.Pixels` (written down on a :class:`pixels.Recording` in a batch's
+timm) and each op as a kernel on :class:`pixels.Pixels` (written down on a :class:`recording.Recording` in a batch's
 draw); an op the kernels leave to stock runs the library's own function on the image.
 """
 
@@ -18,8 +18,9 @@ from PIL import Image
 
 from .. import report
 from . import functional as K
-from . import pixels as P
-from .pixels import JITTER, LeftPlan, NotSplittable, Pixels, Recording, UseStock
+from . import stock
+from .pixels import JITTER, LeftPlan, Pixels, UseStock
+from .recording import NotSplittable, Recording
 
 #: Methods a policy class must still have (stock's) to be planned, besides forward/__call__/get_params.
 POLICY_METHODS = ("_augmentation_space", "_pil_to_tensor", "_tensor_to_pil", "_sample_dirichlet")
@@ -41,12 +42,13 @@ def _space(t: Any, *args: Any) -> list[tuple[str, list[float] | None, bool]]:
 
 def _warp_filter(interpolation: Any) -> int:
     """PIL's filter number for a policy's ``interpolation``, as ``F.affine``/``F.rotate`` map it."""
+    F = stock.functional()
     mode = interpolation
     if isinstance(mode, int) and not isinstance(mode, bool):
-        mode = P.stock_F._interpolation_modes_from_int(mode)
-    elif not isinstance(mode, P.stock_F.InterpolationMode):
+        mode = F._interpolation_modes_from_int(mode)
+    elif not isinstance(mode, F.InterpolationMode):
         raise UseStock
-    return int(P.stock_F.pil_modes_mapping[mode])
+    return int(F.pil_modes_mapping[mode])
 
 
 def policy_op(px: Pixels, name: str, magnitude: float, interpolation: Any, fill: Any) -> Pixels:
@@ -73,7 +75,7 @@ def _affine_matrix(px: Pixels, angle: float, translate: list[Any], shear: list[f
         center = [w * 0.5, h * 0.5]
     if v2:
         return _v2_geometry()._get_inverse_affine_matrix([float(c) for c in center], angle, translate, 1.0, shear)
-    return P.stock_F._get_inverse_affine_matrix(center, angle, translate, 1.0, shear)
+    return stock.functional()._get_inverse_affine_matrix(center, angle, translate, 1.0, shear)
 
 
 def _v2_geometry() -> Any:
@@ -89,7 +91,7 @@ def _policy_kernel(px: Pixels, name: str, magnitude: float, interpolation: Any, 
     for anything it does not reproduce."""
     if name in _GEOMETRY:
         if v2:
-            f = int(P.stock_F.pil_modes_mapping[_v2_geometry()._check_interpolation(interpolation)])
+            f = int(stock.functional().pil_modes_mapping[_v2_geometry()._check_interpolation(interpolation)])
         else:
             f = _warp_filter(interpolation)
         if name == "Rotate":
@@ -141,11 +143,12 @@ def run_auto_augment(t: Any, px: Pixels) -> Pixels:
 
 
 def run_rand_augment(t: Any, px: Pixels) -> Pixels:
+    torch = stock.torch()
     space = _space(t, t.num_magnitude_bins, px.hw)
     for _ in range(t.num_ops):
-        name, magnitudes, signed = space[int(P.stock_torch.randint(len(space), (1,)).item())]
+        name, magnitudes, signed = space[int(torch.randint(len(space), (1,)).item())]
         magnitude = float(magnitudes[t.magnitude]) if magnitudes is not None else 0.0
-        if signed and P.stock_torch.randint(2, (1,)):
+        if signed and torch.randint(2, (1,)):
             magnitude *= -1.0
         px = policy_op(px, name, magnitude, t.interpolation, t.fill)
     return px
@@ -163,11 +166,12 @@ def run_augmix(t: Any, px: Pixels) -> Pixels:
 
 
 def run_trivial_augment_wide(t: Any, px: Pixels) -> Pixels:
+    torch = stock.torch()
     space = _space(t, t.num_magnitude_bins)
-    name, magnitudes, signed = space[int(P.stock_torch.randint(len(space), (1,)).item())]
-    magnitude = (float(magnitudes[P.stock_torch.randint(len(magnitudes), (1,), dtype=P.stock_torch.long)])
+    name, magnitudes, signed = space[int(torch.randint(len(space), (1,)).item())]
+    magnitude = (float(magnitudes[torch.randint(len(magnitudes), (1,), dtype=torch.long)])
                  if magnitudes is not None else 0.0)
-    if signed and P.stock_torch.randint(2, (1,)):
+    if signed and torch.randint(2, (1,)):
         magnitude *= -1.0
     return policy_op(px, name, magnitude, t.interpolation, t.fill)
 
@@ -195,7 +199,7 @@ def run_v2_policy(t: Any, img: Image.Image) -> Any:
     """A v2 policy on a lone PIL image (a ``FastImage``) by its plan: stock's draws in stock's order, each
     op a kernel on the array. None when ``t`` is not exactly a stock v2 policy (run it as it is)."""
     entry = _V2_POLICIES.get(type(t))
-    if entry is None or P.stock_torch is None or "_AUGMENTATION_SPACE" in vars(t):
+    if entry is None or "_AUGMENTATION_SPACE" in vars(t):
         return None
     runner, stock = entry
     if any(getattr(type(t), m, None) is not f for m, f in stock.items()):
@@ -235,20 +239,22 @@ def v2_op(t: Any, px: Pixels, name: str, magnitude: float) -> Pixels:
 
 
 def _v2_magnitude(magnitudes: list[float] | None, index: Any, signed: bool) -> float:
+    torch = stock.torch()
     if magnitudes is None:
         return 0.0
     magnitude = float(magnitudes[index() if callable(index) else index])
-    if signed and P.stock_torch.rand(()) <= 0.5:
+    if signed and torch.rand(()) <= 0.5:
         magnitude *= -1
     return magnitude
 
 
 def _run_v2_auto_augment(t: Any, px: Pixels) -> Pixels:
+    torch = stock.torch()
     h, w = px.hw
-    policy = t._policies[int(P.stock_torch.randint(len(t._policies), ()))]
+    policy = t._policies[int(torch.randint(len(t._policies), ()))]
     space = {n: (m, s) for n, m, s in _v2_space(t, 10, h, w)}
     for name, probability, magnitude_idx in policy:
-        if not P.stock_torch.rand(()) <= probability:
+        if not torch.rand(()) <= probability:
             continue
         magnitudes, signed = space[name]
         px = v2_op(t, px, name, _v2_magnitude(magnitudes, magnitude_idx, signed))
@@ -256,19 +262,21 @@ def _run_v2_auto_augment(t: Any, px: Pixels) -> Pixels:
 
 
 def _run_v2_rand_augment(t: Any, px: Pixels) -> Pixels:
+    torch = stock.torch()
     h, w = px.hw
     space = _v2_space(t, t.num_magnitude_bins, h, w)
     for _ in range(t.num_ops):
-        name, magnitudes, signed = space[int(P.stock_torch.randint(len(space), ()))]
+        name, magnitudes, signed = space[int(torch.randint(len(space), ()))]
         px = v2_op(t, px, name, _v2_magnitude(magnitudes, t.magnitude, signed))
     return px
 
 
 def _run_v2_trivial_augment_wide(t: Any, px: Pixels) -> Pixels:
+    torch = stock.torch()
     h, w = px.hw
     space = _v2_space(t, t.num_magnitude_bins, h, w)
-    name, magnitudes, signed = space[int(P.stock_torch.randint(len(space), ()))]
-    index = lambda: int(P.stock_torch.randint(t.num_magnitude_bins, ()))  # noqa: E731 - drawn only with magnitudes
+    name, magnitudes, signed = space[int(torch.randint(len(space), ()))]
+    index = lambda: int(torch.randint(t.num_magnitude_bins, ()))  # noqa: E731 - drawn only with magnitudes
     return v2_op(t, px, name, _v2_magnitude(magnitudes, index, signed))
 
 

@@ -2,7 +2,7 @@
 
 Each runs the transform's own draws (its ``get_params``, ``torch.rand``) in stock's order, checks what it takes
 before any draw (``UseStock`` otherwise: the transform then runs stock code), and makes its pixel operations on
-:class:`pixels.Pixels` (or writes them down on a :class:`pixels.Recording`). As torchvision's ``get_params``
+:class:`pixels.Pixels` (or writes them down on a :class:`recording.Recording`). As torchvision's ``get_params``
 is to its ``functional``, these are to ``pixels.py``: what to do, drawn; not how.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import functional as K
-from . import pixels as P
+from . import stock
 from .pixels import JITTER, Pixels, UseStock
 
 
@@ -34,16 +34,17 @@ def _drawn(px: Pixels, native: Callable[[Any], Any], stock: Callable[[], Any]) -
 
 def pil_filter(interpolation: Any) -> int:
     """PIL's filter number for a transform's ``interpolation``, as ``F.resize`` maps it."""
+    F = stock.functional()
     mode = interpolation
-    if not isinstance(mode, P.stock_F.InterpolationMode):
+    if not isinstance(mode, F.InterpolationMode):
         if isinstance(mode, int) and not isinstance(mode, bool):
             try:
-                mode = P.stock_F._interpolation_modes_from_int(mode)
+                mode = F._interpolation_modes_from_int(mode)
             except (KeyError, ValueError) as exc:
                 raise UseStock from exc
         else:
             raise UseStock
-    f = P.stock_F.pil_modes_mapping.get(mode)
+    f = F.pil_modes_mapping.get(mode)
     if f not in K.ARRAY_RESIZE_FILTERS:
         raise UseStock
     return int(f)
@@ -60,22 +61,64 @@ def size_request(size: Any) -> list[int]:
     raise UseStock
 
 
-def _resize_to(px: Pixels, size: Any, interpolation: Any, max_size: Any, antialias: Any,
-               checked: tuple[int, list[int]] | None = None) -> None:
-    """``F.resize`` of the current image, for the arguments it takes without a warning or an error (``checked``:
-    the filter and size request, already worked out from these arguments)."""
-    if checked is None:
-        f = pil_filter(interpolation)
-        if antialias is False:
-            raise UseStock  # stock warns that PIL always antialiases
-        request = size_request(size)
-    else:
-        f, request = checked
+# --- a step's argument checks, made before any draw (here and by the draw program, ``draw_program.py``) ---------
+
+
+def resize_arguments(size: Any, interpolation: Any, max_size: Any, antialias: Any) -> tuple[int, list[int]]:
+    """``F.resize``'s arguments as the plan takes them (PIL's filter number, the size request), where stock takes
+    them without a warning or an error; else ``UseStock``."""
+    f = pil_filter(interpolation)
+    if antialias is False:
+        raise UseStock  # stock warns that PIL always antialiases
+    request = size_request(size)
     if max_size is not None and (len(request) != 1 or not isinstance(max_size, int) or max_size <= request[0]):
         raise UseStock
+    return f, request
+
+
+def center_crop_size(size: Any) -> tuple[int, int]:
+    """``CenterCrop``'s (height, width), where the plan takes its ``size``; else ``UseStock``."""
+    if isinstance(size, numbers.Number):
+        size = (int(size), int(size))  # type: ignore[call-overload]
+    elif isinstance(size, (tuple, list)) and len(size) == 1:
+        size = (size[0], size[0])
+    if not (isinstance(size, (tuple, list)) and len(size) == 2 and all(type(v) is int and v > 0 for v in size)):
+        raise UseStock
+    return size[0], size[1]
+
+
+def center_crop_box(hw: tuple[int, int], size: tuple[int, int]) -> tuple[int, int, int, int] | None:
+    """The (top, left, height, width) ``CenterCrop`` cuts from an image of ``hw``; None where stock pads first."""
+    (h, w), (crop_h, crop_w) = hw, size
+    if crop_w > w or crop_h > h:
+        return None
+    return int(round((h - crop_h) / 2.0)), int(round((w - crop_w) / 2.0)), crop_h, crop_w
+
+
+def random_crop_size(t: Any) -> Any:
+    """``RandomCrop``'s ``size``, where the plan takes the transform (no padding, two ints); else ``UseStock``."""
+    size = t.size
+    if t.padding is not None or not (isinstance(size, (tuple, list)) and len(size) == 2
+                                     and all(type(v) is int for v in size)):
+        raise UseStock
+    return size
+
+
+def random_crop_pads(t: Any, hw: tuple[int, int]) -> bool:
+    """``RandomCrop`` pads an image of ``hw`` before its draw (``pad_if_needed``, the image smaller than the crop)."""
+    size = t.size
+    return bool(t.pad_if_needed) and (hw[1] < size[1] or hw[0] < size[0])
+
+
+# --- the runners -----------------------------------------------------------------------------------------------
+
+
+def _resize_to(px: Pixels, checked: tuple[int, list[int]], max_size: Any) -> None:
+    """``F.resize`` of the current image, with the filter and size request :func:`resize_arguments` checked."""
+    f, request = checked
     h, w = px.hw
     # both sides given: stock's _compute_resized_output_size returns them as they are
-    out = request if len(request) == 2 and max_size is None else P.stock_F._compute_resized_output_size(
+    out = request if len(request) == 2 and max_size is None else stock.functional()._compute_resized_output_size(
         (h, w), request, max_size)
     if [h, w] == out:
         return
@@ -85,17 +128,15 @@ def _resize_to(px: Pixels, size: Any, interpolation: Any, max_size: Any, antiali
 
 
 def run_resize(t: Any, px: Pixels) -> None:
-    _resize_to(px, t.size, t.interpolation, t.max_size, t.antialias)
+    _resize_to(px, resize_arguments(t.size, t.interpolation, t.max_size, t.antialias), t.max_size)
 
 
 def run_random_resized_crop(t: Any, px: Pixels) -> None:
-    checked = pil_filter(t.interpolation), size_request(t.size)  # checked before the draws
-    if t.antialias is False:
-        raise UseStock
+    checked = resize_arguments(t.size, t.interpolation, None, t.antialias)  # checked before the draws
     i, j, h, w = _drawn(px, lambda d: d.resized_crop(px.hw, t.scale, t.ratio),
                         lambda: t.get_params(px.proxy(), t.scale, t.ratio))
     px.crop(i, j, h, w)
-    _resize_to(px, t.size, t.interpolation, None, t.antialias, checked)
+    _resize_to(px, checked, None)
 
 
 def run_timm_random_resized_crop(t: Any, px: Pixels) -> None:
@@ -107,31 +148,19 @@ def run_timm_random_resized_crop(t: Any, px: Pixels) -> None:
     i, j, h, w = t.get_params(px.proxy(), t.scale, t.ratio)
     mode = random.choice(t.interpolation) if isinstance(t.interpolation, (tuple, list)) else t.interpolation
     px.crop(i, j, h, w)
-    _resize_to(px, t.size, mode, None, True)
+    _resize_to(px, resize_arguments(t.size, mode, None, True), None)
 
 
 def run_center_crop(t: Any, px: Pixels) -> None:
-    size = t.size
-    if isinstance(size, numbers.Number):
-        size = (int(size), int(size))
-    elif isinstance(size, (tuple, list)) and len(size) == 1:
-        size = (size[0], size[0])
-    if not (isinstance(size, (tuple, list)) and len(size) == 2 and all(type(v) is int and v > 0 for v in size)):
-        raise UseStock
-    crop_h, crop_w = size
-    h, w = px.hw
-    if crop_w > w or crop_h > h:
+    box = center_crop_box(px.hw, center_crop_size(t.size))
+    if box is None:
         raise UseStock  # stock pads first
-    px.crop(int(round((h - crop_h) / 2.0)), int(round((w - crop_w) / 2.0)), crop_h, crop_w)
+    px.crop(*box)
 
 
 def run_random_crop(t: Any, px: Pixels) -> None:
-    size = t.size
-    if t.padding is not None or not (isinstance(size, (tuple, list)) and len(size) == 2
-                                     and all(type(v) is int for v in size)):
-        raise UseStock
-    h, w = px.hw
-    if t.pad_if_needed and (w < size[1] or h < size[0]):
+    random_crop_size(t)
+    if random_crop_pads(t, px.hw):
         raise UseStock
     i, j, ch, cw = _drawn(px, lambda d: d.crop(px.hw, t.size), lambda: t.get_params(px.proxy(), t.size))
     px.crop(i, j, ch, cw)
@@ -139,7 +168,7 @@ def run_random_crop(t: Any, px: Pixels) -> None:
 
 def _below(px: Pixels, p: Any) -> bool:
     """Stock's ``torch.rand(1) < p``."""
-    return bool(_drawn(px, lambda d: d.below(p), lambda: P.stock_torch.rand(1) < p))
+    return bool(_drawn(px, lambda d: d.below(p), lambda: stock.torch().rand(1) < p))
 
 
 def run_hflip(t: Any, px: Pixels) -> None:

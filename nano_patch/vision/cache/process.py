@@ -12,6 +12,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from ... import config
 from .disk import free_space, store_bytes
 from .entries import DEFAULT_CAP, MIN_CAP
 from .store import Store
@@ -40,9 +41,7 @@ _last_setting: tuple[tuple[object, ...], Setting] | None = None
 def setting() -> Setting:
     """The setting the options ask for now (the same object while the options and the home folder are the same)."""
     global _last_setting
-    import nano_patch
-
-    opts = nano_patch.options()
+    opts = config.current()
     value, given = opts.cache_decoded, opts.cache_dir
     made_from = (value, given, os.environ.get("HOME"), None if given else os.environ.get("XDG_CACHE_HOME"))
     last = _last_setting

@@ -8,7 +8,7 @@
  * so the band's edge pixels may differ from the full decode. We therefore decode NANO_JPEG_MARGIN
  * extra pixels on every side (where the image has them) and hand back offsets that leave them out.
  * The settings are those of simplejpeg's and PIL's decode: islow integer DCT, fancy upsampling,
- * RGB out. The Python side (native.py) compares the result with the full decode before first use.
+ * RGB out. The Python side (native_checks.py) compares the result with the full decode before first use.
  *
  * Strict: every libjpeg error and every warning (corrupt data, premature end, extraneous bytes)
  * fails the call, so damaged files go to the caller's full decode and its rules. By default the

@@ -2,9 +2,10 @@
  *
  * Images come in through the buffer protocol (NumPy arrays, any row stride, packed pixels) and go
  * out into buffers the caller allocated. Arguments are checked here and the GIL is released while
- * a kernel runs. The instruction set is chosen once from the CPU's features; ``set_isa`` narrows
- * it (for tests and benchmarks). The Python side (native.py) checks every kernel against the
- * installed PIL before it is used.
+ * a kernel runs; a sample's recorded ops (run_ops, run_ops_file) are parsed here too, and a batch of
+ * samples runs in batch.c. The instruction set is chosen once from the CPU's features; ``set_isa``
+ * narrows it (for tests and benchmarks). The Python side (native.py, native_checks.py) checks every
+ * kernel against the installed PIL before it is used.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -13,10 +14,12 @@
 #include <string.h>
 
 #include "jpeg_file.h"
+#include "module.h"
 #include "native.h"
 
-/* torch's generator reproduced (torch_draws.c): added to the module at its creation */
+/* Added to the module at its creation: torch's generator reproduced (torch_draws.c), the batch executor (batch.c) */
 extern PyMethodDef nano_draws_methods[];
+extern PyMethodDef nano_batch_methods[];
 
 #if NANO_X86
 #include <cpuid.h>
@@ -25,6 +28,8 @@ extern PyMethodDef nano_draws_methods[];
 static int best_isa = NANO_ISA_GENERIC;
 static int current_isa = NANO_ISA_GENERIC;
 static const char *isa_names[] = {"generic", "avx2", "avx512"};
+
+int nano_current_isa(void) { return current_isa; }
 
 /* CPUID and XGETBV read directly rather than through __builtin_cpu_supports: that builtin needs the
  * compiler's runtime (libgcc, compiler-rt) to fill in __cpu_model, and some toolchains ship a stub there
@@ -48,20 +53,14 @@ static int detect_isa(void) {
     return NANO_ISA_GENERIC;
 }
 
-typedef struct {
-    Py_buffer buf;
-    nano_view v;
-    int held;
-} image_arg;
-
-static void release(image_arg *a) {
+void nano_release_image(nano_image_arg *a) {
     if (a->held)
         PyBuffer_Release(&a->buf);
     a->held = 0;
 }
 
 /* An 8-bit H x W (channels 1) or H x W x C image with packed pixels; `contiguous`: rows packed too. */
-static int get_image(PyObject *obj, const char *name, int writable, int contiguous, image_arg *out) {
+int nano_get_image(PyObject *obj, const char *name, int writable, int contiguous, nano_image_arg *out) {
     memset(out, 0, sizeof(*out));
     int flags = PyBUF_STRIDES | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
     if (PyObject_GetBuffer(obj, &out->buf, flags) < 0)
@@ -100,7 +99,7 @@ static int get_image(PyObject *obj, const char *name, int writable, int contiguo
     out->v.channels = channels;
     return 0;
 fail:
-    release(out);
+    nano_release_image(out);
     return -1;
 }
 
@@ -111,11 +110,11 @@ static PyObject *py_resample(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOi(ffff)p(ii)(ii)(ii):resample", &src_obj, &dst_obj, &filter, &box[0], &box[1],
                           &box[2], &box[3], &flip, &order_rule, &weights, &full_w, &full_h, &x0, &y0))
         return NULL;
-    image_arg src, dst;
-    if (get_image(src_obj, "src", 0, 0, &src) < 0)
+    nano_image_arg src, dst;
+    if (nano_get_image(src_obj, "src", 0, 0, &src) < 0)
         return NULL;
-    if (get_image(dst_obj, "dst", 1, 0, &dst) < 0) {
-        release(&src);
+    if (nano_get_image(dst_obj, "dst", 1, 0, &dst) < 0) {
+        nano_release_image(&src);
         return NULL;
     }
     int rc;
@@ -135,32 +134,32 @@ static PyObject *py_resample(PyObject *self, PyObject *args) {
         else if (rc)
             PyErr_SetString(PyExc_ValueError, "bad resample sizes, window or box");
     }
-    release(&src);
-    release(&dst);
+    nano_release_image(&src);
+    nano_release_image(&dst);
     if (rc)
         return NULL;
     Py_RETURN_NONE;
 }
 
 /* src (RGB unless `gray_ok`) and a C-contiguous dst of `dst_channels` channels and src's size. */
-static int src_dst(PyObject *src_obj, PyObject *dst_obj, int dst_channels, int gray_ok, image_arg *src,
-                   image_arg *dst) {
-    if (get_image(src_obj, "src", 0, 0, src) < 0)
+static int src_dst(PyObject *src_obj, PyObject *dst_obj, int dst_channels, int gray_ok, nano_image_arg *src,
+                   nano_image_arg *dst) {
+    if (nano_get_image(src_obj, "src", 0, 0, src) < 0)
         return -1;
     if (!gray_ok && src->v.channels != 3) {
         PyErr_SetString(PyExc_ValueError, "src must be an RGB (H x W x 3) array");
-        release(src);
+        nano_release_image(src);
         return -1;
     }
-    if (get_image(dst_obj, "dst", 1, 1, dst) < 0) {
-        release(src);
+    if (nano_get_image(dst_obj, "dst", 1, 1, dst) < 0) {
+        nano_release_image(src);
         return -1;
     }
     int want = dst_channels ? dst_channels : src->v.channels;
     if (dst->v.width != src->v.width || dst->v.height != src->v.height || dst->v.channels != want) {
         PyErr_SetString(PyExc_ValueError, "dst has the wrong shape");
-        release(src);
-        release(dst);
+        nano_release_image(src);
+        nano_release_image(dst);
         return -1;
     }
     return 0;
@@ -171,15 +170,15 @@ static PyObject *py_rgb_to_l(PyObject *self, PyObject *args) {
     int mode;
     if (!PyArg_ParseTuple(args, "OOi:rgb_to_l", &s, &d, &mode))
         return NULL;
-    image_arg src, dst;
+    nano_image_arg src, dst;
     if (src_dst(s, d, 1, 0, &src, &dst) < 0)
         return NULL;
     int isa = current_isa;
     Py_BEGIN_ALLOW_THREADS
     nano_rgb_to_l(&src.v, (uint8_t *)dst.v.data, mode, isa);
     Py_END_ALLOW_THREADS
-    release(&src);
-    release(&dst);
+    nano_release_image(&src);
+    nano_release_image(&dst);
     Py_RETURN_NONE;
 }
 
@@ -188,15 +187,15 @@ static PyObject *py_gray_sum(PyObject *self, PyObject *args) {
     int mode;
     if (!PyArg_ParseTuple(args, "Oi:gray_sum", &s, &mode))
         return NULL;
-    image_arg src;
-    if (get_image(s, "src", 0, 0, &src) < 0)
+    nano_image_arg src;
+    if (nano_get_image(s, "src", 0, 0, &src) < 0)
         return NULL;
     uint64_t total;
     int isa = current_isa;
     Py_BEGIN_ALLOW_THREADS
     total = nano_gray_sum(&src.v, mode, isa);
     Py_END_ALLOW_THREADS
-    release(&src);
+    nano_release_image(&src);
     return PyLong_FromUnsignedLongLong(total);
 }
 
@@ -206,15 +205,15 @@ static PyObject *py_blend_gray(PyObject *self, PyObject *args) {
     int mode;
     if (!PyArg_ParseTuple(args, "OOfi:blend_gray", &s, &d, &alpha, &mode))
         return NULL;
-    image_arg src, dst;
+    nano_image_arg src, dst;
     if (src_dst(s, d, 3, 0, &src, &dst) < 0)
         return NULL;
     int isa = current_isa;
     Py_BEGIN_ALLOW_THREADS
     nano_blend_gray(&src.v, (uint8_t *)dst.v.data, alpha, mode, isa);
     Py_END_ALLOW_THREADS
-    release(&src);
-    release(&dst);
+    nano_release_image(&src);
+    nano_release_image(&dst);
     Py_RETURN_NONE;
 }
 
@@ -228,15 +227,15 @@ static PyObject *py_blend_const(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "blend_const: the constant must be 0..255");
         return NULL;
     }
-    image_arg src, dst;
+    nano_image_arg src, dst;
     if (src_dst(s, d, 0, 1, &src, &dst) < 0)
         return NULL;
     int isa = current_isa;
     Py_BEGIN_ALLOW_THREADS
     nano_blend_const(&src.v, (uint8_t *)dst.v.data, in1, alpha, isa);
     Py_END_ALLOW_THREADS
-    release(&src);
-    release(&dst);
+    nano_release_image(&src);
+    nano_release_image(&dst);
     Py_RETURN_NONE;
 }
 
@@ -245,14 +244,14 @@ static PyObject *py_sharpness(PyObject *self, PyObject *args) {
     float alpha;
     if (!PyArg_ParseTuple(args, "OOf:sharpness", &s, &d, &alpha))
         return NULL;
-    image_arg src, dst;
+    nano_image_arg src, dst;
     if (src_dst(s, d, 0, 1, &src, &dst) < 0)
         return NULL;
     Py_BEGIN_ALLOW_THREADS
     nano_sharpness(&src.v, (uint8_t *)dst.v.data, alpha);
     Py_END_ALLOW_THREADS
-    release(&src);
-    release(&dst);
+    nano_release_image(&src);
+    nano_release_image(&dst);
     Py_RETURN_NONE;
 }
 
@@ -261,15 +260,15 @@ static PyObject *py_lut(PyObject *self, PyObject *args) {
     Py_buffer tables;
     if (!PyArg_ParseTuple(args, "OOy*:lut", &s, &d, &tables))
         return NULL;
-    image_arg src, dst;
+    nano_image_arg src, dst;
     if (src_dst(s, d, 0, 1, &src, &dst) < 0) {
         PyBuffer_Release(&tables);
         return NULL;
     }
     if (tables.len != 256 * src.v.channels) {
         PyErr_SetString(PyExc_ValueError, "tables must hold 256 bytes per channel");
-        release(&src);
-        release(&dst);
+        nano_release_image(&src);
+        nano_release_image(&dst);
         PyBuffer_Release(&tables);
         return NULL;
     }
@@ -277,8 +276,8 @@ static PyObject *py_lut(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     nano_lut(&src.v, (uint8_t *)dst.v.data, (const uint8_t *)tables.buf, isa);
     Py_END_ALLOW_THREADS
-    release(&src);
-    release(&dst);
+    nano_release_image(&src);
+    nano_release_image(&dst);
     PyBuffer_Release(&tables);
     Py_RETURN_NONE;
 }
@@ -288,15 +287,15 @@ static PyObject *py_hue_shift(PyObject *self, PyObject *args) {
     int shift;
     if (!PyArg_ParseTuple(args, "OOi:hue_shift", &s, &d, &shift))
         return NULL;
-    image_arg src, dst;
+    nano_image_arg src, dst;
     if (src_dst(s, d, 3, 0, &src, &dst) < 0)
         return NULL;
     int isa = current_isa;
     Py_BEGIN_ALLOW_THREADS
     nano_hue_shift(&src.v, (uint8_t *)dst.v.data, shift & 255, isa);
     Py_END_ALLOW_THREADS
-    release(&src);
-    release(&dst);
+    nano_release_image(&src);
+    nano_release_image(&dst);
     Py_RETURN_NONE;
 }
 
@@ -312,11 +311,11 @@ static PyObject *py_warp(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OO(dddddddd)piy#:warp", &src_obj, &dst_obj, &a[0], &a[1], &a[2], &a[3], &a[4],
                           &a[5], &a[6], &a[7], &perspective, &filter, &fill, &fill_len))
         return NULL;
-    image_arg src, dst;
-    if (get_image(src_obj, "src", 0, 0, &src) < 0)
+    nano_image_arg src, dst;
+    if (nano_get_image(src_obj, "src", 0, 0, &src) < 0)
         return NULL;
-    if (get_image(dst_obj, "dst", 1, 0, &dst) < 0) {
-        release(&src);
+    if (nano_get_image(dst_obj, "dst", 1, 0, &dst) < 0) {
+        nano_release_image(&src);
         return NULL;
     }
     int rc;
@@ -336,8 +335,8 @@ static PyObject *py_warp(PyObject *self, PyObject *args) {
         else if (rc && rc != NANO_WARP_UNDEFINED)
             PyErr_SetString(PyExc_ValueError, "bad warp sizes");
     }
-    release(&src);
-    release(&dst);
+    nano_release_image(&src);
+    nano_release_image(&dst);
     if (rc == NANO_WARP_UNDEFINED)
         Py_RETURN_FALSE;
     if (rc)
@@ -351,17 +350,17 @@ static PyObject *float_tables(PyObject *args, int planar) {
     PyObject *s, *t, *d;
     if (!PyArg_ParseTuple(args, planar ? "OOO:planes_lut" : "OOO:pixels_lut", &s, &t, &d))
         return NULL;
-    image_arg src;
+    nano_image_arg src;
     Py_buffer tb, db;
-    if (get_image(s, "src", 0, 0, &src) < 0)
+    if (nano_get_image(s, "src", 0, 0, &src) < 0)
         return NULL;
     if (PyObject_GetBuffer(t, &tb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
-        release(&src);
+        nano_release_image(&src);
         return NULL;
     }
     if (PyObject_GetBuffer(d, &db, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
         PyBuffer_Release(&tb);
-        release(&src);
+        nano_release_image(&src);
         return NULL;
     }
     int ok = tb.ndim == 2 && tb.shape[1] == 256 && tb.itemsize == db.itemsize && tb.format && db.format &&
@@ -390,7 +389,7 @@ static PyObject *float_tables(PyObject *args, int planar) {
     }
     PyBuffer_Release(&tb);
     PyBuffer_Release(&db);
-    release(&src);
+    nano_release_image(&src);
     if (!ok)
         return NULL;
     Py_RETURN_NONE;
@@ -400,20 +399,7 @@ static PyObject *py_planes_lut(PyObject *self, PyObject *args) { return float_ta
 
 static PyObject *py_pixels_lut(PyObject *self, PyObject *args) { return float_tables(args, 0); }
 
-/* A sample's ops and tail, parsed from run_ops' arguments: ops, a tuple of (code, a, b, c, d, factor, table bytes
- * or None); the tail's kind, its C x 256 float table (None for bytes) and dst (C-contiguous, writable, of the final
- * image's size). */
-typedef struct {
-    nano_op *ops;
-    int n_ops;
-    nano_tail tail;
-    nano_op_settings s;
-    Py_buffer tb, db;
-    int have_table, have_dst;
-    Py_ssize_t slot_bytes; /* the tail's output, in bytes */
-} op_run;
-
-static void op_run_release(op_run *r) {
+void nano_op_run_release(nano_op_run *r) {
     if (r->have_table)
         PyBuffer_Release(&r->tb);
     if (r->have_dst)
@@ -438,7 +424,7 @@ static int op_int(PyObject *item, int *out) {
 
 /* One op record, (code, a, b, c, d, factor, table), read field by field: PyArg_ParseTuple's format parse cost
  * more than the rest of a sample's call with the GIL held. 0, or -1 with an exception set. */
-static int parse_op(PyObject *record, nano_op *op, PyObject **table) {
+int nano_parse_op(PyObject *record, nano_op *op, PyObject **table) {
     if (record == NULL || !PyTuple_Check(record) || PyTuple_Size(record) != 7) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_TypeError, "run_ops: an op must be a tuple (code, a, b, c, d, factor, table)");
@@ -458,7 +444,7 @@ static int parse_op(PyObject *record, nano_op *op, PyObject **table) {
 /* ops[skip:] of `ops_obj`, and the tail; 0, or -1 with an exception set (r released). `batch_dst`: the batch's
  * buffer, which holds every sample's slot (dst_obj is then not taken: only its format is checked here, and the
  * slots' places by the caller). */
-static int op_run_parse(op_run *r, PyObject *ops_obj, Py_ssize_t skip, PyObject *table_obj, PyObject *dst_obj,
+int nano_op_run_parse(nano_op_run *r, PyObject *ops_obj, Py_ssize_t skip, PyObject *table_obj, PyObject *dst_obj,
                         const Py_buffer *batch_dst, const Py_buffer *batch_table) {
     Py_ssize_t n = PyTuple_Size(ops_obj) - skip;
     if (n < 0 || n > 4096) {
@@ -474,7 +460,7 @@ static int op_run_parse(op_run *r, PyObject *ops_obj, Py_ssize_t skip, PyObject 
     for (Py_ssize_t i = 0; i < n; i++) {
         nano_op *op = &r->ops[i];
         PyObject *table = NULL;
-        if (parse_op(PyTuple_GetItem(ops_obj, i + skip), op, &table) < 0)
+        if (nano_parse_op(PyTuple_GetItem(ops_obj, i + skip), op, &table) < 0)
             goto fail;
         if (op->code == NANO_OP_LUT) {
             char *bytes;
@@ -532,12 +518,12 @@ static int op_run_parse(op_run *r, PyObject *ops_obj, Py_ssize_t skip, PyObject 
     r->s.isa = current_isa;
     return 0;
 fail:
-    op_run_release(r);
+    nano_op_run_release(r);
     return -1;
 }
 
 /* nano_run_ops' failure as an exception (0: none). */
-static int op_run_error(int rc) {
+int nano_op_run_error(int rc) {
     if (rc == NANO_OPS_NOMEM)
         PyErr_NoMemory();
     else if (rc == NANO_OPS_SIZE)
@@ -551,26 +537,26 @@ static int op_run_error(int rc) {
  * a sample's recorded ops on src, then its tail into dst, with the GIL released once (oplist.c). */
 static PyObject *py_run_ops(PyObject *self, PyObject *args) {
     PyObject *src_obj, *ops_obj, *table_obj, *dst_obj;
-    op_run r;
+    nano_op_run r;
     memset(&r, 0, sizeof(r));
     if (!PyArg_ParseTuple(args, "OO!iOO(iii)(iiii):run_ops", &src_obj, &PyTuple_Type, &ops_obj, &r.tail.kind,
                           &table_obj, &dst_obj, &r.tail.height, &r.tail.width, &r.tail.channels, &r.s.order_rule,
                           &r.s.weights, &r.s.grey_mode, &r.s.saturation_mode))
         return NULL;
-    image_arg src;
-    if (get_image(src_obj, "src", 0, 0, &src) < 0)
+    nano_image_arg src;
+    if (nano_get_image(src_obj, "src", 0, 0, &src) < 0)
         return NULL;
-    if (op_run_parse(&r, ops_obj, 0, table_obj, dst_obj, NULL, NULL) < 0) {
-        release(&src);
+    if (nano_op_run_parse(&r, ops_obj, 0, table_obj, dst_obj, NULL, NULL) < 0) {
+        nano_release_image(&src);
         return NULL;
     }
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = nano_run_ops(&src.v, r.ops, r.n_ops, &r.tail, &r.s);
     Py_END_ALLOW_THREADS
-    op_run_error(rc);
-    op_run_release(&r);
-    release(&src);
+    nano_op_run_error(rc);
+    nano_op_run_release(&r);
+    nano_release_image(&src);
     if (rc)
         return NULL;
     Py_RETURN_NONE;
@@ -585,7 +571,7 @@ static PyObject *py_run_ops(PyObject *self, PyObject *args) {
 static PyObject *py_run_ops_file(PyObject *self, PyObject *args) {
     PyObject *api_obj, *path_obj, *ops_obj, *table_obj, *dst_obj;
     nano_jpeg_file f;
-    op_run r;
+    nano_op_run r;
     memset(&f, 0, sizeof(f));
     memset(&r, 0, sizeof(r));
     unsigned long long max_bytes;
@@ -612,7 +598,7 @@ static PyObject *py_run_ops_file(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "run_ops_file: needs _jpeg's file_api of this build and a crop first");
         return NULL;
     }
-    if (op_run_parse(&r, ops_obj, 1, table_obj, dst_obj, NULL, NULL) < 0) {
+    if (nano_op_run_parse(&r, ops_obj, 1, table_obj, dst_obj, NULL, NULL) < 0) {
         Py_DECREF(path_obj);
         return NULL;
     }
@@ -626,10 +612,10 @@ static PyObject *py_run_ops_file(PyObject *self, PyObject *args) {
     }
     Py_END_ALLOW_THREADS
     Py_DECREF(path_obj);
-    op_run_release(&r);
+    nano_op_run_release(&r);
     PyObject *result = NULL;
     if (loaded == NANO_JPEG_OK) {
-        if (!op_run_error(rc))
+        if (!nano_op_run_error(rc))
             result = Py_NewRef(Py_True);
     } else if (loaded == NANO_JPEG_REFUSED) {
         result = PyBytes_FromStringAndSize((const char *)f.data, (Py_ssize_t)f.size);
@@ -640,307 +626,6 @@ static PyObject *py_run_ops_file(PyObject *self, PyObject *args) {
     }
     api->release(&f);
     return result;
-}
-
-/* --- a batch's samples as one native call per loader thread (run_batch) ---------------------------------------
- *
- * prepare_batch parses every sample's ops once (the GIL held once per batch, not per sample); then each loader
- * thread calls run_batch, which releases the GIL and takes the next sample (an atomic counter) until none is left:
- * its source (the cache's array, or the JPEG file read, checked and window-decoded by _jpeg's file_api), its ops,
- * and its tail into its slot of the batch tensor. batch_result(k) says how sample k went, once every thread has
- * returned. The samples are independent: each is written by the one thread that took it. */
-
-enum { ITEM_PENDING = 0, ITEM_DONE, ITEM_LEFT };
-
-typedef struct {
-    char *path;             /* a file to load (malloc'd), or NULL: `src` */
-    image_arg src;          /* the cache's array */
-    long long expect_h, expect_w;
-    nano_op *ops;           /* ops[0] is the window's crop where `path` is set */
-    int n_ops;
-    void *dst;
-    int state, rc;          /* ITEM_*; nano_run_ops' result */
-    nano_jpeg_file f;       /* a file left to the caller keeps its bytes here */
-    int loaded;
-} batch_item;
-
-typedef struct {
-    batch_item *items;
-    Py_ssize_t n;
-    nano_tail tail; /* its dst unused: each item's own */
-    nano_op_settings s;
-    Py_buffer tb, db;
-    int have_table, have_dst;
-    const nano_jpeg_file_api *api;
-    int check_rest, allow_multiscan;
-    size_t max_bytes;
-    int next; /* the next item to take (atomic) */
-    int running;
-} op_batch;
-
-#define OP_BATCH_CAPSULE "nano_patch.vision._native.op_batch"
-
-static void op_batch_free(op_batch *b) {
-    if (!b)
-        return;
-    for (Py_ssize_t i = 0; i < b->n; i++) {
-        batch_item *it = &b->items[i];
-        free(it->path);
-        release(&it->src);
-        PyMem_Free(it->ops);
-        if (b->api)
-            b->api->release(&it->f);
-    }
-    PyMem_Free(b->items);
-    if (b->have_table)
-        PyBuffer_Release(&b->tb);
-    if (b->have_dst)
-        PyBuffer_Release(&b->db);
-    PyMem_Free(b);
-}
-
-static void op_batch_destroy(PyObject *capsule) {
-    op_batch_free(PyCapsule_GetPointer(capsule, OP_BATCH_CAPSULE));
-}
-
-/* prepare_batch(file_api or None, items, kind, table, dst, (h, w, c), settings, (check_rest, allow_multiscan),
- * max_bytes) -> a batch for run_batch. items: per sample (source, ops, offset): source an H x W (x 3) uint8 array
- * or (path, (expect_h, expect_w)) of a JPEG file (its ops[0] the window's crop); offset, in bytes, of the sample's
- * slot in dst (a C-contiguous buffer holding every slot). */
-static PyObject *py_prepare_batch(PyObject *self, PyObject *args) {
-    PyObject *api_obj, *items_obj, *table_obj, *dst_obj;
-    unsigned long long max_bytes;
-    op_batch *b = PyMem_Calloc(1, sizeof(op_batch));
-    if (!b)
-        return PyErr_NoMemory();
-    if (!PyArg_ParseTuple(args, "OO!iOO(iii)(iiii)(ii)K:prepare_batch", &api_obj, &PyList_Type, &items_obj,
-                          &b->tail.kind, &table_obj, &dst_obj, &b->tail.height, &b->tail.width, &b->tail.channels,
-                          &b->s.order_rule, &b->s.weights, &b->s.grey_mode, &b->s.saturation_mode, &b->check_rest,
-                          &b->allow_multiscan, &max_bytes))
-        goto fail;
-    b->max_bytes = max_bytes > SIZE_MAX ? SIZE_MAX : (size_t)max_bytes;
-    if (api_obj != Py_None) {
-        b->api = PyCapsule_GetPointer(api_obj, NANO_JPEG_FILE_CAPSULE);
-        if (!b->api)
-            goto fail;
-        if (b->api->abi != NANO_JPEG_FILE_ABI) {
-            PyErr_SetString(PyExc_ValueError, "prepare_batch: _jpeg's file_api is not this build's");
-            goto fail;
-        }
-    }
-    Py_ssize_t n = PyList_Size(items_obj);
-    if (n <= 0 || n > 1 << 20) {
-        PyErr_SetString(PyExc_ValueError, "prepare_batch: no samples, or too many");
-        goto fail;
-    }
-    if (PyObject_GetBuffer(dst_obj, &b->db, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
-        goto fail;
-    b->have_dst = 1;
-    b->items = PyMem_Calloc((size_t)n, sizeof(batch_item));
-    if (!b->items) {
-        PyErr_NoMemory();
-        goto fail;
-    }
-    b->n = n;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        batch_item *it = &b->items[i];
-        PyObject *source, *ops_obj;
-        Py_ssize_t offset;
-        if (!PyArg_ParseTuple(PyList_GetItem(items_obj, i), "OO!n:prepare_batch item", &source, &PyTuple_Type,
-                              &ops_obj, &offset))
-            goto fail;
-        if (PyTuple_Check(source)) {
-            PyObject *path;
-            if (b->api == NULL) {
-                PyErr_SetString(PyExc_ValueError, "prepare_batch: a file sample needs _jpeg's file_api");
-                goto fail;
-            }
-            if (!PyArg_ParseTuple(source, "O&(LL):prepare_batch file", PyUnicode_FSConverter, &path, &it->expect_h,
-                                  &it->expect_w))
-                goto fail;
-            const char *bytes = PyBytes_AsString(path);
-            it->path = bytes ? strdup(bytes) : NULL;
-            Py_DECREF(path);
-            if (!it->path) {
-                if (!PyErr_Occurred())
-                    PyErr_NoMemory();
-                goto fail;
-            }
-        } else if (get_image(source, "src", 0, 0, &it->src) < 0) {
-            goto fail;
-        }
-        /* the ops and the tail, checked as run_ops checks them (the tail's buffers held once, by the batch) */
-        op_run r;
-        memset(&r, 0, sizeof(r));
-        r.tail = b->tail;
-        r.s = b->s;
-        if (it->path) {
-            PyObject *window = PyTuple_Size(ops_obj) > 0 ? PyTuple_GetItem(ops_obj, 0) : NULL;
-            nano_op first;
-            PyObject *unused;
-            if (window == NULL || parse_op(window, &first, &unused) < 0 || first.code != NANO_OP_CROP) {
-                if (!PyErr_Occurred())
-                    PyErr_SetString(PyExc_ValueError, "prepare_batch: a file sample's ops start with its crop");
-                goto fail;
-            }
-            it->f.top = first.a;
-            it->f.left = first.b;
-            it->f.height = first.c;
-            it->f.width = first.d;
-        }
-        if (op_run_parse(&r, ops_obj, it->path ? 1 : 0, table_obj, dst_obj, &b->db,
-                         b->have_table ? &b->tb : NULL) < 0)
-            goto fail;
-        if (offset < 0 || offset > b->db.len - r.slot_bytes || offset % b->db.itemsize != 0) {
-            op_run_release(&r);
-            PyErr_SetString(PyExc_ValueError, "prepare_batch: a slot outside dst");
-            goto fail;
-        }
-        it->ops = r.ops;
-        it->n_ops = r.n_ops;
-        r.ops = NULL;
-        if (!b->have_table && r.have_table) { /* keep the first item's table buffer for the batch */
-            b->tb = r.tb;
-            b->have_table = 1;
-            r.have_table = 0;
-            b->tail.table = b->tb.buf;
-            b->tail.table_rows = r.tail.table_rows;
-        }
-        op_run_release(&r);
-        it->dst = (char *)b->db.buf + offset;
-    }
-    b->s.isa = current_isa;
-    PyObject *capsule = PyCapsule_New(b, OP_BATCH_CAPSULE, op_batch_destroy);
-    if (!capsule)
-        goto fail;
-    return capsule;
-fail:
-    op_batch_free(b);
-    return NULL;
-}
-
-static void run_item(op_batch *b, batch_item *it) {
-    nano_tail tail = b->tail;
-    tail.dst = it->dst;
-    if (it->path) {
-        it->f.path = it->path;
-        it->f.expect_h = it->expect_h;
-        it->f.expect_w = it->expect_w;
-        it->f.check_rest = b->check_rest;
-        it->f.allow_multiscan = b->allow_multiscan;
-        it->f.max_bytes = b->max_bytes;
-        it->loaded = b->api->load(&it->f);
-        if (it->loaded != NANO_JPEG_OK) {
-            if (it->loaded != NANO_JPEG_REFUSED) /* nothing to hand back: free it now */
-                b->api->release(&it->f);
-            it->state = ITEM_LEFT;
-            return;
-        }
-        nano_view v = {it->f.window, it->f.stride, (int)it->f.width, (int)it->f.height, 3};
-        it->rc = nano_run_ops(&v, it->ops, it->n_ops, &tail, &b->s);
-        free(it->f.pixels); /* the decoded window is not needed any more */
-        it->f.pixels = NULL;
-    } else {
-        it->rc = nano_run_ops(&it->src.v, it->ops, it->n_ops, &tail, &b->s);
-    }
-    it->state = ITEM_DONE;
-}
-
-typedef struct {
-    op_batch *b;
-    Py_ssize_t ran; /* (atomic) */
-} shared_run;
-
-static void take_items(void *arg) {
-    shared_run *run = arg;
-    op_batch *b = run->b;
-    for (;;) {
-        int k = __atomic_fetch_add(&b->next, 1, __ATOMIC_RELAXED);
-        if (k >= b->n)
-            break;
-        run_item(b, &b->items[k]);
-        __atomic_fetch_add(&run->ran, 1, __ATOMIC_RELAXED);
-    }
-}
-
-/* run_batch(batch): take samples until none is left, the GIL released; returns how many this call ran. */
-static PyObject *py_run_batch(PyObject *self, PyObject *capsule) {
-    op_batch *b = PyCapsule_GetPointer(capsule, OP_BATCH_CAPSULE);
-    if (!b)
-        return NULL;
-    shared_run run = {b, 0};
-    Py_BEGIN_ALLOW_THREADS
-    take_items(&run);
-    Py_END_ALLOW_THREADS
-    return PyLong_FromSsize_t(run.ran);
-}
-
-/* run_batch_on(batch, n_threads) -> (threads, samples): the batch's samples on n_threads threads at once (the
- * caller and native helpers, helpers.c), the GIL released once; returns how many threads ran and samples this call
- * took (every sample left, unless another run_batch takes some meanwhile). */
-static PyObject *py_run_batch_on(PyObject *self, PyObject *args) {
-    PyObject *capsule;
-    int n_threads;
-    if (!PyArg_ParseTuple(args, "Oi:run_batch_on", &capsule, &n_threads))
-        return NULL;
-    op_batch *b = PyCapsule_GetPointer(capsule, OP_BATCH_CAPSULE);
-    if (!b)
-        return NULL;
-    if (n_threads < 1) {
-        PyErr_SetString(PyExc_ValueError, "run_batch_on: n_threads must be at least 1");
-        return NULL;
-    }
-    if (n_threads > b->n)
-        n_threads = (int)b->n;
-    shared_run run = {b, 0};
-    int used;
-    Py_BEGIN_ALLOW_THREADS
-    used = nano_run_shared(take_items, &run, n_threads);
-    Py_END_ALLOW_THREADS
-    return Py_BuildValue("(in)", used, run.ran);
-}
-
-static PyObject *py_helpers_started(PyObject *self, PyObject *noargs) {
-    return PyLong_FromLong(nano_helpers_started());
-}
-
-/* batch_done(batch) -> bytes: per sample, 1 where it was written to its slot, else 0 (ask batch_result). */
-static PyObject *py_batch_done(PyObject *self, PyObject *capsule) {
-    op_batch *b = PyCapsule_GetPointer(capsule, OP_BATCH_CAPSULE);
-    if (!b)
-        return NULL;
-    PyObject *out = PyBytes_FromStringAndSize(NULL, b->n);
-    if (!out)
-        return NULL;
-    char *flags = PyBytes_AsString(out);
-    for (Py_ssize_t i = 0; i < b->n; i++)
-        flags[i] = (char)(b->items[i].state == ITEM_DONE && b->items[i].rc == 0);
-    return out;
-}
-
-/* batch_result(batch, k): True (sample k written to its slot); its file's bytes (read but left to the caller);
- * False (its file not read, or never taken); raises what run_ops raises for its ops. Call once every run_batch
- * call has returned. */
-static PyObject *py_batch_result(PyObject *self, PyObject *args) {
-    PyObject *capsule;
-    Py_ssize_t k;
-    if (!PyArg_ParseTuple(args, "On:batch_result", &capsule, &k))
-        return NULL;
-    op_batch *b = PyCapsule_GetPointer(capsule, OP_BATCH_CAPSULE);
-    if (!b)
-        return NULL;
-    if (k < 0 || k >= b->n) {
-        PyErr_SetString(PyExc_IndexError, "batch_result: no such sample");
-        return NULL;
-    }
-    batch_item *it = &b->items[k];
-    if (it->state == ITEM_DONE)
-        return op_run_error(it->rc) ? NULL : Py_NewRef(Py_True);
-    if (it->state == ITEM_LEFT && it->loaded == NANO_JPEG_REFUSED)
-        return PyBytes_FromStringAndSize((const char *)it->f.data, (Py_ssize_t)it->f.size);
-    if (it->state == ITEM_LEFT && it->loaded == NANO_JPEG_NOMEM)
-        return PyErr_NoMemory();
-    return Py_NewRef(Py_False);
 }
 
 static PyObject *py_isa(PyObject *self, PyObject *noargs) { return PyUnicode_FromString(isa_names[current_isa]); }
@@ -983,20 +668,6 @@ static PyMethodDef methods[] = {
     {"run_ops", py_run_ops, METH_VARARGS,
      "run_ops(src, ops, kind, table, dst, (h, w, c), settings): a sample's recorded ops, then its tail into dst, "
      "in one call with the GIL released (oplist.c)."},
-    {"prepare_batch", py_prepare_batch, METH_VARARGS,
-     "prepare_batch(file_api, items, kind, table, dst, (h, w, c), settings, (check_rest, allow_multiscan), "
-     "max_bytes): a batch's samples (each an array or a JPEG file, its ops, its slot's offset in dst) parsed once."},
-    {"run_batch", py_run_batch, METH_O,
-     "run_batch(batch) -> int: take the batch's samples until none is left, the GIL released (call it from each "
-     "loader thread)."},
-    {"run_batch_on", py_run_batch_on, METH_VARARGS,
-     "run_batch_on(batch, n_threads) -> (threads, samples): the batch's samples on n_threads threads, the caller and "
-     "native helper threads (helpers.c), the GIL released once."},
-    {"helpers_started", py_helpers_started, METH_NOARGS, "Native helper threads started in this process."},
-    {"batch_done", py_batch_done, METH_O,
-     "batch_done(batch) -> bytes: 1 per sample written to its slot, 0 for the others (see batch_result)."},
-    {"batch_result", py_batch_result, METH_VARARGS,
-     "batch_result(batch, k) -> True | bytes | False: how sample k went (raises run_ops' errors)."},
     {"run_ops_file", py_run_ops_file, METH_VARARGS,
      "run_ops_file(file_api, path, (h, w), (check_rest, allow_multiscan), max_bytes, ops, kind, table, dst, shape, "
      "settings) -> True | bytes | False: the file's window (ops[0], a crop) decoded by _jpeg, then run_ops, with the "
@@ -1014,7 +685,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     best_isa = current_isa = detect_isa();
     nano_hue_init();
     PyObject *m = PyModule_Create(&module);
-    if (m && PyModule_AddFunctions(m, nano_draws_methods) < 0)
+    if (m && (PyModule_AddFunctions(m, nano_draws_methods) < 0 || PyModule_AddFunctions(m, nano_batch_methods) < 0))
         Py_CLEAR(m);
     return m;
 }

@@ -122,7 +122,7 @@ typedef struct {
     int width, height, channels;  /* the final image the draw worked out */
 } nano_tail;
 
-/* The checked arithmetic of the installed PIL (native.py's checks) and the instruction set. */
+/* The checked arithmetic of the installed PIL (native_checks.py) and the instruction set. */
 typedef struct {
     int order_rule, weights, grey_mode, saturation_mode, isa;
 } nano_op_settings;

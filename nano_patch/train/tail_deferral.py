@@ -1,6 +1,6 @@
-"""The Trainer's side of a deferred tensor tail: which loader iterations may hand over uint8 batches.
+"""When to defer the tensor tail to the device: which loader iterations of a Trainer may hand over uint8 batches.
 
-A patched DataLoader whose pipeline ends in the tensor tail (``data/device_tail.py``) yields stock's float batches,
+A patched DataLoader whose pipeline ends in the tensor tail (``vision/tensor_tail.py``) yields stock's float batches,
 except where this module says that nothing the user wrote can see the difference; then its batches carry uint8
 images as a ``DeferredImages`` that Lightning's transfer (``Strategy.batch_to_device`` ->
 ``LightningModule.transfer_batch_to_device`` -> ``move_data_to_device``, which calls its ``.to``) finishes on the
