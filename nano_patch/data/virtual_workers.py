@@ -40,6 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from .. import report
+
 #: Start methods under which a worker is a fork of this process (a spawned worker imports the script again: user
 #: code runs there, and nothing of it can be reproduced here).
 _FORKED = (None, "fork")
@@ -292,8 +294,9 @@ class _Context:
         #: the Compose to stop before its tensor tail (uint8 batches whose tail the device finishes), or None
         self.uint8: Any = None
         self.closed = False
-        #: batches a stand-in loaded (for the run report)
+        #: batches a stand-in loaded (for the run report), counted under the lock (two producers may count)
         self.stand_ins = 0
+        self.lock = threading.Lock()
         #: (device type, device index) to pin each batch for, as stock's pin-memory thread does, or None
         self.pin: tuple[Any, int] | None = None
 
@@ -396,15 +399,21 @@ def _load_batch(ctx: _Context, stream: Stream, indices: Any) -> Any:
     except Exception:  # noqa: BLE001 - a bad index: the stand-in raises stock's error at stock's sample
         entries = None
     if entries is not None:
-        data = batch_loader.load_drawn(snap.dataset, snap.owner, entries, stream.draws, ctx.render_threads,
-                                       ctx.uint8)
+        try:
+            data = batch_loader.load_drawn(snap.dataset, snap.owner, entries, stream.draws, ctx.render_threads,
+                                           ctx.uint8)
+        except Exception:  # noqa: BLE001 - never the user's error: the stand-in loads it with stock's code
+            data = None
     if data is not None:
         handed = collate.take_handed()
         batch = collate.collate_pairs(data, handed) if ctx.collate_fn is _default_collate() else None
         return batch if batch is not None else ctx.collate_fn(data)
     collate.take_handed()
     stream.draws.words[:] = start  # (what the fast path drew is drawn again by the stand-in, with stock's code)
-    ctx.stand_ins += 1
+    with ctx.lock:
+        ctx.stand_ins += 1
+    report.count("dataloader", False, "a virtual worker's batch loaded by a stand-in process (stock's code: a file "
+                                      "PIL must open, a draw the program gives back, or an error)")
     random_state, numpy_state = stream.python_states()
     got = stand_in.load(snap.stock_dataset(), list(indices), stream.worker_id, ctx.num_workers, ctx.base_seed,
                         stream.draws.torch_state(), random_state, numpy_state, ctx.collate_fn, ctx.drop_last,

@@ -184,6 +184,15 @@ class Plan:
         covered = {k for j, tail in self.tails.items() for k in range(j, j + len(tail))}
         return bool(self.runners) and all(i in covered or r in NATIVE_DRAWS for i, r in enumerate(self.runners))
 
+    def not_drawn_natively(self) -> str | None:
+        """Why :attr:`draws_natively` is False: the first step whose draws are not made natively (None: none)."""
+        covered = {k for j, tail in self.tails.items() for k in range(j, j + len(tail))}
+        for i, r in enumerate(self.runners):
+            if i not in covered and r not in NATIVE_DRAWS:
+                kind = "stock code" if r is None else "draws not made natively"
+                return f"`{type(self.items[i]).__name__}` at position {i} of the Compose ({kind})"
+        return None if self.runners else "an empty Compose"
+
     def matches(self, items: list[Any]) -> bool:
         return len(items) == len(self.items) and all(map(operator.is_, items, self.items))
 
