@@ -1,4 +1,4 @@
-"""The draw step's cost per image (issue 32, item 2): what the calling thread spends on each sample of a batch
+"""The draw step's cost per image: what the calling thread spends on each sample of a batch
 before its pixels are rendered on the loader's threads.
 
 Two parts, timed apart, per image, over an ImageFolder of real-photo JPEGs (``examples/make_photo_folder.py``),

@@ -1,4 +1,4 @@
-"""Do the decoders and kernels scale on threads? Two threads calling each one against two processes (issue 27).
+"""Do the decoders and kernels scale on threads? Two threads calling each one against two processes.
 
 For each decoder and kernel the loader's render phase calls, on a real photo (scikit-learn's ``china.jpg``
 re-encoded at 500 x 375, quality 90): calls/s in one thread, in two threads of one process, and in two

@@ -1,4 +1,4 @@
-"""Feeding the GPU (issue 33): an ordinary Lightning script, stock against patched, and what caps it.
+"""Feeding the GPU: an ordinary Lightning script, stock against patched, and what caps it.
 
 The script: ImageFolder over real-photo JPEGs (``examples/make_photo_folder.py``), RandomResizedCrop(224),
 RandomHorizontalFlip, ToTensor, Normalize; a torchvision ResNet in channels-last (the model converted, the batch

@@ -1,4 +1,4 @@
-"""Loader threads (issue 27): a num_workers=0 DataLoader whose batches load on threads, against one thread,
+"""Loader threads: a num_workers=0 DataLoader whose batches load on threads, against one thread,
 against two independent processes doing the same work, and against stock's own parallel loader.
 
 For pipelines pets, (b) and (c) (benchmarks/vision.py), with the decoded-image cache off and warm, batch 16 and

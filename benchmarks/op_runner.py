@@ -1,4 +1,4 @@
-"""The render step (issue 32, item 1): one native call per sample against the Python path, per sample.
+"""The render step: one native call per sample against the Python path, per sample.
 
 The loader's threads render each sample of a batch from its decoded array (the decoded-image cache's view, or the
 decode): today's Python path makes each recorded op a call (``pixels.render``); the op runner makes them all, and

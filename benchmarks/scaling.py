@@ -1,4 +1,4 @@
-"""Loader scaling on a many-core machine (issue 32): stock's workers against the patch's loader threads and the
+"""Loader scaling on a many-core machine: stock's workers against the patch's loader threads and the
 patch's workers, for N = 1, 2, 4, 8, 16 (capped at the cores there are), and the GIL time of each image.
 
 One command, under 8 minutes on 16 cores; ``--quick`` for a 2-core machine (about 5 minutes when idle):

@@ -66,10 +66,10 @@ def _warming(rates: dict[int, float], over: int) -> Rate:
     return lambda n, b: rates[n] * (0.5 + 0.5 * min(1.0, b / over))
 
 
-# images/s by thread count on a 16-core Xeon (issue 32; pets, real photos, cache off): the threads peak at 8
+# images/s by thread count on a 16-core Xeon (pets, real photos, cache off): the threads peak at 8
 PEAK_AT_8 = {1: 642, 2: 1191, 4: 1828, 8: 2038, 16: 1806}
-# and what the climb of issue 32 measured in that run's cold first batches, where it settled on 2 (4 threads no
-# faster than 2; 8 and 16, not measured there, taken as 4)
+# and what a climb of short windows from 1 thread up measured in that run's cold first batches, where it
+# settled on 2 (4 threads no faster than 2; 8 and 16, not measured there, taken as 4)
 COLD_START = {1: 434.5, 2: 1113.1, 4: 1095.8, 8: 1100.0, 16: 1100.0}
 # other load on the machine: 4 threads are best now, 16 the worst
 BUSY = {1: 642, 2: 1191, 4: 2038, 8: 1828, 16: 1500}
@@ -77,7 +77,7 @@ PEAK_AT_4 = {1: 565, 2: 1293, 4: 1448, 8: 1421, 16: 1036}  # an earlier loader o
 
 DRIFTS: dict[str, Callable[[dict[int, float]], Rate]] = {
     "warm-up over 150 batches": lambda rates: _warming(rates, 150),
-    # fast enough that windows measured one after another mislead (the climb before this rule took 16)
+    # fast enough that windows measured one after another mislead (a climb comparing them so takes 16)
     "warm-up over 40 batches": lambda rates: _warming(rates, 40),
 }
 

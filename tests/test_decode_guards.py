@@ -1,4 +1,4 @@
-"""PIL's guards on every decode path of the patch (issue 26, items 1 and 5a), stock first.
+"""PIL's guards on every decode path of the patch (the decompression-bomb rule and EXIF warnings), stock first.
 
 Each case runs in real processes: a fresh process without the patch (stock) and the same calls in a
 fresh process with ``patch_torch()``. Compared per call: the exception's class and message, every

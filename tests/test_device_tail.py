@@ -1,4 +1,4 @@
-"""Issue 33: uint8 batches whose tensor tail runs after the transfer, and the rule of when that happens.
+"""The deferred tensor tail: uint8 batches whose tensor tail runs after the transfer, and the rule of when that happens.
 
 Every comparison is against stock run in the same test (the patch reverted): values, dtype, shape and strides.
 Lightning's runs here are on the CPU with ``train.tail_deferral.DEVICE_TYPES`` widened to "cpu", so that the

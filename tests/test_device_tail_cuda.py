@@ -1,5 +1,6 @@
-"""Issue 33 on a GPU: the tail runs on CUDA after Lightning's transfer, and every training batch is stock's, bit
-for bit. Skipped only where CUDA is absent (the CPU side of the same code is tests/test_device_tail.py)."""
+"""The deferred tensor tail on a GPU: the tail runs on CUDA after Lightning's transfer, and every training batch
+is stock's, bit for bit. Skipped only where CUDA is absent (the CPU side of the same code is
+tests/test_device_tail.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The batch path runs the user's code as stock does (issue 31), checked in-process against stock run first.
+"""The batch path runs the user's code as stock does, checked in-process against stock run first.
 
 - a sample that needs stock's code is loaded at its place: every ``target_transform`` runs once per sample, each
   warning is given once, an error comes at stock's sample with stock's generators;
@@ -75,7 +75,7 @@ def _same(stock, patched):
 
 
 def test_a_sample_that_falls_back_runs_its_target_transform_once(tiny_folder):
-    """Issue 31, 1: stock 9 calls an epoch; the old batch path replayed the batch (more calls, other labels)."""
+    """Stock makes 9 calls an epoch; a batch path that replayed the batch would make more (and give other labels)."""
     def tf():
         return T.Compose([T.CenterCrop(64), T.ToTensor()])
 
@@ -178,7 +178,7 @@ def test_an_error_at_any_position_is_stocks_with_stocks_generators_and_calls(ima
 
 
 def test_a_warning_given_in_the_draw_is_given_once(tiny_folder, monkeypatch):
-    """Issue 31, 2: PIL's DecompressionBombWarning, under "always", once per opened file."""
+    """PIL's DecompressionBombWarning, under "always", once per opened file."""
     def count():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -270,7 +270,7 @@ STATES = {
 
 @pytest.mark.parametrize("name", sorted(STATES))
 def test_renders_on_the_pool_run_in_the_callers_torch_state(image_folder, render_states, name):
-    """Issue 31, 3: each render sees the state of the thread that iterates the loader."""
+    """Each render sees the state of the thread that iterates the loader."""
     from torchvision.datasets import ImageFolder
 
     nano_patch.patch_torch(loader_threads=3)
@@ -343,7 +343,7 @@ class Wrap(torch.utils.data.Dataset):
 
 @pytest.mark.parametrize("threads", [2, "off"])
 def test_a_getattr_wrapper_keeps_its_own_getitem(image_folder, threads):
-    """Issue 31, 4: stock gives (img, label, index)."""
+    """A wrapper that forwards attributes keeps its own __getitem__: stock gives (img, label, index)."""
     from torchvision.datasets import ImageFolder
 
     nano_patch.patch_torch(loader_threads=threads)
@@ -364,7 +364,7 @@ def test_the_patched_datasets_have_no_getitems_as_on_stock():
 # --- messages and images --------------------------------------------------------------------------------------
 
 def test_an_errors_str_is_stocks_and_its_note_names_the_file(image_folder, tmp_path):
-    """Issue 31, 5."""
+    """str() of a decode error is stock's; the patch's path is a note naming the file."""
     from torchvision.datasets import ImageFolder
 
     root = tmp_path / "broken"
@@ -387,7 +387,8 @@ def test_an_errors_str_is_stocks_and_its_note_names_the_file(image_folder, tmp_p
 
 @pytest.mark.parametrize("threads", [2, "off"])
 def test_pil_samples_carry_stocks_info(image_folder, tmp_path, photos, threads):
-    """Issue 31, 6: transform None, and a Compose that ends on an image; JFIF, DPI, EXIF and ICC in the info."""
+    """PIL samples carry stock's info: transform None, and a Compose that ends on an image; JFIF, DPI, EXIF and ICC
+    in the info."""
     from torchvision.datasets import ImageFolder
 
     root = tmp_path / "info"

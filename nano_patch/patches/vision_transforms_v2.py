@@ -58,7 +58,7 @@ class VisionTransformsV2Patch(Patch):
                     return wrapped(*args)
                 x = fast(args[0])
                 items = list(instance.transforms)
-                uint8 = compose_call.uint8_tail(instance)  # a DataLoader that finishes the tail itself (issue 33)
+                uint8 = compose_call.uint8_tail(instance)  # a DataLoader that finishes the tail itself
                 if uint8 is not None and isinstance(x, FastImage):
                     return tail.uint8_sample(instance, uint8, items, x)
                 for i, t in enumerate(items):

@@ -183,7 +183,7 @@ def case(fn: Callable[[Recorder, Path], None]) -> Callable[[Recorder, Path], Non
 
 @case
 def target_transform_fallback_tiny(rec: Recorder, root: Path) -> None:
-    """Issue 31, 1: a crop larger than a small image sends a sample to stock's code; the user's target_transform
+    """A crop larger than a small image sends a sample to stock's code; the user's target_transform
     runs once per sample."""
     import torchvision.transforms as T
 
@@ -261,7 +261,7 @@ def missing_file_mid_batch(rec: Recorder, root: Path) -> None:
 
 @case
 def decompression_bomb_warning(rec: Recorder, root: Path) -> None:
-    """Issue 31, 2: a warning given in the draw is given once, also when the batch then falls back."""
+    """A warning given in the draw is given once, also when the batch then falls back."""
     import torchvision.transforms as T
 
     tt = Counter()
@@ -276,7 +276,7 @@ def decompression_bomb_warning(rec: Recorder, root: Path) -> None:
 
 @case
 def inference_mode_list_collate(rec: Recorder, root: Path) -> None:
-    """Issue 31, 3: samples rendered under the caller's inference mode are inference tensors."""
+    """Samples rendered under the caller's inference mode are inference tensors."""
     ds = folder(root, "plain", tf_crop())
     with torch.inference_mode():
         epochs(rec, loader(ds, batch_size=4, collate_fn=list))
@@ -307,7 +307,7 @@ class Wrap(torch.utils.data.Dataset):
 
 @case
 def getattr_wrapper(rec: Recorder, root: Path) -> None:
-    """Issue 31, 4: a wrapper that forwards attributes keeps its own __getitem__."""
+    """A wrapper that forwards attributes keeps its own __getitem__."""
     w = Wrap(folder(root, "plain", tf_crop()))
     epochs(rec, loader(w, batch_size=4, shuffle=True))
     rec.add(f"lookups={w.lookups}")
@@ -405,7 +405,7 @@ def collate_variants(rec: Recorder, root: Path) -> None:
 
 @case
 def pil_samples_info(rec: Recorder, root: Path) -> None:
-    """Issue 31, 6: PIL samples carry stock's info (transform None; a Compose that ends on an image)."""
+    """PIL samples carry stock's info (transform None; a Compose that ends on an image)."""
     import torchvision.transforms as T
 
     ds = folder(root, "mixed", None)
@@ -418,7 +418,7 @@ def pil_samples_info(rec: Recorder, root: Path) -> None:
 
 @case
 def error_message_is_stocks(rec: Recorder, root: Path) -> None:
-    """Issue 31, 5: str() of the error is stock's (the patch's path is a note)."""
+    """str() of the error is stock's (the patch's path is a note)."""
     import torchvision.transforms as T
 
     ds = folder(root, "trunc1", T.Compose([T.Resize(40), T.ToTensor()]))
