@@ -78,23 +78,6 @@ def split_cores(n: int, cpus: list[int] | None = None) -> list[list[int]]:
     return [flat[i * size : (i + 1) * size] for i in range(n)]
 
 
-def auto_num_processes(cpus: list[int] | None = None) -> int:
-    """``num_processes="auto"``: one process per NUMA node, and more on big nodes.
-
-    Each process keeps at least 2 physical cores, and nodes with 8 or more cores get one process
-    per 4 cores, the usual sweet spot for CPU data parallelism, where per-process
-    intra-op scaling flattens out.
-    """
-    cores = physical_cores(cpus)
-    by_node: dict[int, int] = {}
-    for c in cores:
-        by_node[c.node] = by_node.get(c.node, 0) + 1
-    total = 0
-    for count in by_node.values():
-        total += max(1, count // 4) if count >= 8 else 1
-    return max(1, min(total, len(cores)))
-
-
 def launched_ranks_per_node() -> int | None:
     """Ranks per node when an outside launcher started this process (torchrun, SLURM's srun), else None."""
     env = os.environ
