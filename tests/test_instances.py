@@ -18,7 +18,7 @@ import pytest
 import torch
 from _procs import assert_clean_exit
 from _rng import rng_differences, rng_state, seed_all
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset
 
 import nano_patch
 from nano_patch import report
