@@ -88,6 +88,9 @@ def patch_torch(
     report.activate_from_env()
     exit_notices.note_options(opts)
     _get_manager().patch(opts)
+    from .train import warm_start
+
+    warm_start.maybe_start(opts.num_processes, opts.cpu_for_each_process)  # a script asking for several ranks
     if opts.vision:
         exit_notices.warn_if_kernels_missing(stacklevel=2)
 

@@ -362,6 +362,10 @@ def _multi_instance(pl: ModuleType, kwargs: dict[str, Any], n: int, cores: Any, 
     kwargs["accelerator"], kwargs["devices"] = "cpu", n
     kwargs["strategy"] = cls(cpu_for_each_process=[list(c) for c in cores] if cores else None,
                              start_method=start_method)
+    if start_method != "popen":
+        from ..train import warm_start
+
+        warm_start.stop()  # only the script re-run starts its ranks through the rank entry
     log.warning(
         "nano-patch: %d CPU processes per node; the effective batch size is %d x the DataLoader batch size",
         n, n * int(kwargs.get("num_nodes", 1) or 1),

@@ -44,6 +44,8 @@ BUDGET_CAP_S = 12.0
 ROUNDS = 3
 #: A rank's start-up where this process's own cannot be read.
 DEFAULT_STARTUP_S = 5.0
+#: The least a rank started warm takes (fork, patch, the script's own start, joining the process group).
+WARM_STARTUP_FLOOR_S = 0.5
 
 
 def decided() -> int | None:
@@ -164,15 +166,20 @@ def choose(predicted: dict[int, float]) -> int:
 
 def startup_seconds() -> float:
     """About what a rank takes to start: this process's own time from its start to now (``fit``), since each rank
-    that Lightning starts re-runs the script to the same point."""
+    that Lightning starts re-runs the script to the same point; less the imports a warm interpreter has already
+    made (``train/warm_start.py``), where one is ready."""
+    from . import warm_start
+
     try:
         with open("/proc/self/stat") as f:
             start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
         with open("/proc/uptime") as f:
             uptime = float(f.read().split()[0])
-        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+        age = max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError):
         return DEFAULT_STARTUP_S
+    imported = warm_start.ready_import_seconds()
+    return age if imported is None else max(WARM_STARTUP_FLOOR_S, age - imported)
 
 
 def steps_in_run(job: Job, steps_per_epoch: int | None) -> int | None:
@@ -322,8 +329,11 @@ def _reason(n: int, predicted: dict[int, float], counts: dict[int, int]) -> str:
 def publish(decision: Decision) -> None:
     """Keep the count for the ranks and later Trainers, log the one line, and put the figures in the report."""
     from .. import report
+    from . import warm_start
 
     os.environ[AUTO_ENV] = str(decision.processes)
+    if decision.processes == 1:
+        warm_start.stop()  # no rank will start
     log.warning("%s", decision.line())
     if report.stats is not None:
         report.note("num_processes", decision.as_dict())
