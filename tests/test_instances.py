@@ -285,7 +285,8 @@ def test_the_measurement_gives_sane_figures_on_a_tiny_model():
     assert 1e-6 < seconds < 2.0
 
 
-def test_decide_measures_a_real_job_end_to_end():
+def test_decide_measures_a_real_job_end_to_end(monkeypatch):
+    monkeypatch.setattr(instance_count, "startup_seconds", lambda: 0.1)  # not this test process's age
     d = instance_count.decide(instance_count.Job(TinyModule(width=64), _loader(), max_epochs=1000))
     f = d.figures
     assert f is not None and f.batch_size == 16 and f.steps_total == 4000, d.line()
@@ -297,6 +298,7 @@ def test_decide_measures_a_real_job_end_to_end():
 def test_the_measurement_leaves_the_module_optimizer_and_every_generator_untouched(monkeypatch):
     """State dicts, gradients, train/eval mode, optimizer state and the torch, Python and NumPy generators are the
     same after the measurement; torch's global generator never changes while it runs (no save and restore)."""
+    monkeypatch.setattr(instance_count, "startup_seconds", lambda: 0.1)  # a run long enough to be measured
     model = TinyModule()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
     model(torch.rand(4, 8)).sum().backward()

@@ -239,7 +239,7 @@ def _decide(job: Job, cpus: list[int] | None, start: float) -> Decision:
         before = torch.get_num_threads()
         torch.set_num_threads(cores)
         try:
-            timer.warm_up()
+            cold = timer.warm_up()
         finally:
             torch.set_num_threads(before)
         steps_total = steps_in_run(job, info.steps_per_epoch if info else None)
@@ -248,15 +248,19 @@ def _decide(job: Job, cpus: list[int] | None, start: float) -> Decision:
                           startup_s=startup_seconds(), steps_total=steps_total, accumulate=max(1, job.accumulate),
                           notes=notes)
         load_s = batch * sample_s / cores
-        figures.step_s[cores], _ = timer.seconds(cores, 1, 0.05, 0.05)
-        run_s = None if steps_total is None else steps_total * (figures.step_s[cores] + load_s)
-        most = max(counts)
-        if run_s is not None and run_s * (1 / MARGIN - 1 / most) < figures.startup_s:
-            return Decision(1, f"the run is too short to repay starting ranks: about {run_s:.0f} s of training "
-                               f"steps in one process, against about {figures.startup_s:.1f} s to start the ranks",
-                            figures)
+        # The run as long as its first (cold, so slowest) step says: too short even so, or the budget from it.
+        run_s = None if steps_total is None else steps_total * (cold + load_s)
+        if _too_short(run_s, figures):
+            return _short(run_s, figures)
         budget = _budget(run_s)
-        _interleave(timer, figures, budget - (time.perf_counter() - start))
+        _interleave(timer, figures, start + budget, cold)
+        if len(figures.step_s) < 2:
+            return Decision(1, f"the measurement's budget of {budget:.1f} s ({BUDGET_SHARE:.0%} of the predicted "
+                               f"run, at least {BUDGET_FLOOR_S:.0f} s) was spent before a step on fewer cores could "
+                               f"be timed (the first step took {cold:.2f} s)", figures)
+        run_s = None if steps_total is None else steps_total * (figures.step_s[cores] + load_s)
+        if _too_short(run_s, figures):
+            return _short(run_s, figures)
         missing = sorted(set(counts.values()) - set(figures.step_s), reverse=True)
         if missing:
             notes.append(f"steps on {', '.join(map(str, missing))} threads not measured: over the measurement's "
@@ -282,22 +286,32 @@ def _decide(job: Job, cpus: list[int] | None, start: float) -> Decision:
             timer.release()
 
 
+def _too_short(run_s: float | None, figures: Figures) -> bool:
+    """Even ranks that scale perfectly would not end the run :data:`MARGIN` sooner, once started."""
+    return run_s is not None and run_s * (1 / MARGIN - 1 / max(figures.threads)) < figures.startup_s
+
+
+def _short(run_s: float | None, figures: Figures) -> Decision:
+    return Decision(1, f"the run is too short to repay starting ranks: about {run_s:.0f} s of training steps in "
+                       f"one process, against about {figures.startup_s:.1f} s to start the ranks", figures)
+
+
 def _budget(run_s: float | None) -> float:
     if run_s is None:
         return BUDGET_CAP_S
     return min(BUDGET_CAP_S, max(BUDGET_FLOOR_S, BUDGET_SHARE * run_s))
 
 
-def _interleave(timer: job_measure.StepTimer, figures: Figures, budget: float) -> None:
+def _interleave(timer: job_measure.StepTimer, figures: Figures, deadline: float, cold: float) -> None:
     """Time the step at each thread count, round after round (so that a slow moment on a shared machine hits them
-    alike), keeping each count's fastest, while the budget lasts. A count is timed only where its step, at worst
-    no faster than on every core scaled by the share, still fits."""
-    deadline = time.perf_counter() + budget
+    alike), keeping each count's fastest, until ``deadline``. A count is timed only where its step, at worst no
+    faster than on every core scaled by the share, still fits."""
     threads = sorted(set(figures.threads.values()), reverse=True)
     for _ in range(ROUNDS):
         timed = False
         for t in threads:
-            guess = figures.step_s.get(t) or figures.step_s[figures.cores] * figures.cores / t
+            every = figures.step_s.get(figures.cores, cold)
+            guess = figures.step_s.get(t) or every * figures.cores / t
             if time.perf_counter() + guess > deadline:
                 continue
             seconds, _ = timer.seconds(t, 1, 0.05, 0.05)
