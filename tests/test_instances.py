@@ -104,6 +104,12 @@ def _fake_measurement(monkeypatch, step_s, allreduce_s: float, sample_s: float =
         def seconds(self, threads, min_steps, min_s, cap_s):
             return step_s(threads), step_s(threads)
 
+        def concurrent_seconds(self, copies, threads, steps=1):
+            return step_s(threads)
+
+        def memory_per_copy(self):
+            return 1
+
         def gradient_bytes(self, bf16):
             return sum(p.numel() for p in self.params) * 4
 
@@ -145,7 +151,7 @@ def test_a_small_model_that_barely_speeds_up_with_threads_gets_several_processes
 
 def test_predict_and_choose_apply_the_margin():
     f = instance_count.Figures(cores=4, threads={1: 4, 2: 2, 4: 1}, batch_size=10,
-                               step_s={4: 0.1, 2: 0.18, 1: 0.4}, allreduce_s={2: 0.0, 4: 0.0})
+                               step_s={1: 0.1, 2: 0.18, 4: 0.4}, allreduce_s={2: 0.0, 4: 0.0})
     predicted = instance_count.predict(f)
     assert predicted[1] == pytest.approx(100) and predicted[2] == pytest.approx(2 * 10 / 0.18)
     assert predicted[4] == pytest.approx(100)
@@ -174,13 +180,13 @@ def test_a_rank_takes_the_count_its_launcher_chose_without_measuring(monkeypatch
 
 def test_the_decision_goes_to_the_report(tmp_path, monkeypatch):
     monkeypatch.setattr(report, "stats", report.Stats(str(tmp_path)))
-    f = instance_count.Figures(cores=2, threads={1: 2, 2: 1}, batch_size=16, step_s={2: 0.07, 1: 0.12})
+    f = instance_count.Figures(cores=2, threads={1: 2, 2: 1}, batch_size=16, step_s={1: 0.07, 2: 0.12})
     decision = instance_count.Decision(1, "2 processes of 1 cores predicted 0.90x one process, under the 1.10x "
                                           "needed", f, instance_count.predict(f), 0.8)
     instance_count.publish(decision)
     out = report.compose(1.0, [], [], [], False, False)
-    assert out["num_processes"]["processes"] == 1 and out["num_processes"]["figures"]["step_s"] == {"2": 0.07,
-                                                                                                    "1": 0.12}
+    assert out["num_processes"]["processes"] == 1 and out["num_processes"]["figures"]["step_s"] == {"1": 0.07,
+                                                                                                    "2": 0.12}
     text = report.render(out)
     assert "num_processes='auto': 1 (2 processes of 1 cores predicted 0.90x" in text and "predicted samples/s" in text
 
@@ -278,6 +284,9 @@ def test_the_measurement_gives_sane_figures_on_a_tiny_model():
         step, spent = timer.seconds(t, 2, 0.0, 1.0)
         assert 1e-6 < step < 0.5 and spent >= step
         assert torch.get_num_threads() == threads
+    together = timer.concurrent_seconds(2, 1, steps=3)  # two copies stepping at once, one thread each
+    assert 1e-6 < together < 0.5 and len(timer.others) == 1 and torch.get_num_threads() == threads
+    assert timer.memory_per_copy() >= 2 * sum(p.numel() * 4 for p in model.parameters())
     assert timer.gradient_bytes(False) == sum(p.numel() * 4 for p in model.parameters())
     assert timer.gradient_bytes(True) == sum(p.numel() * 2 for p in model.parameters())
     seconds = job_measure.allreduce_seconds([[c] for c in sorted(os.sched_getaffinity(0))[:2]] if TWO_CORES

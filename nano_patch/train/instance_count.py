@@ -11,8 +11,12 @@ for the count, and Lightning's launcher starts the ranks as it does for an expli
 
 The prediction, per candidate count ``n`` of processes with ``t`` cores each (``t = cores / n``), batch ``B``:
 
-    per-rank step = step(t threads) + all-reduce(n) / accumulation + B x load(1 sample, 1 core) / t
+    per-rank step = step(n copies at once, t threads each) + all-reduce(n) / accumulation + B x load(1 sample) / t
     throughput(n) = n x B / per-rank step                     (samples/s; n = 1 is one process with every core)
+
+The step of ``n > 1`` is timed with ``n`` copies of the model stepping at the same time on their shares, not one
+copy alone: ranks share the caches, the memory bandwidth and the clock (a lone 4-thread step on a 16-core Xeon is
+faster than each of 4 at once), and that difference is what decides.
 
 and, where the run's length is known, the ranks' start-up (about this process's own time to ``fit``: each rank
 re-runs it) is spread over the run's samples. More than one process is chosen only where that is at least
@@ -77,7 +81,8 @@ class Figures:
     cores: int
     threads: dict[int, int]  # processes -> cores (threads) each
     batch_size: int
-    step_s: dict[int, float] = field(default_factory=dict)  # threads -> seconds per step
+    #: processes -> seconds per step: one copy on every core (1), or the slowest of n copies stepping at once
+    step_s: dict[int, float] = field(default_factory=dict)
     allreduce_s: dict[int, float] = field(default_factory=dict)  # processes -> seconds per all-reduce
     gradient_bytes: int = 0
     sample_s: float = 0.0  # loading one sample on one core, in the training process
@@ -101,8 +106,7 @@ class Decision:
         f = self.figures
         if f is None or not f.step_s:
             return head + self.reason
-        steps = ", ".join(f"{s:.3f} s on {t} thread{'s' if t > 1 else ''}" for t, s in sorted(f.step_s.items(),
-                                                                                              reverse=True))
+        steps = ", ".join(f"{s:.3f} s as {n} x {f.threads[n]}" for n, s in sorted(f.step_s.items()))
         parts = [f"{f.cores} cores, batch {f.batch_size}: step {steps}"]
         if f.allreduce_s:
             parts.append(f"all-reduce of {f.gradient_bytes / 1e6:.0f} MB "
@@ -144,9 +148,9 @@ def predict(f: Figures) -> dict[int, float]:
     samples_total = f.steps_total * f.batch_size if f.steps_total else None
     out = {}
     for n, t in f.threads.items():
-        if t not in f.step_s:
+        if n not in f.step_s:
             continue
-        per_step = f.step_s[t] + f.batch_size * f.sample_s / t
+        per_step = f.step_s[n] + f.batch_size * f.sample_s / t
         if n > 1:
             per_step += f.allreduce_s.get(n, 0.0) / max(1, f.accumulate)
         rate = n * f.batch_size / per_step
@@ -258,14 +262,14 @@ def _decide(job: Job, cpus: list[int] | None, start: float) -> Decision:
             return Decision(1, f"the measurement's budget of {budget:.1f} s ({BUDGET_SHARE:.0%} of the predicted "
                                f"run, at least {BUDGET_FLOOR_S:.0f} s) was spent before a step on fewer cores could "
                                f"be timed (the first step took {cold:.2f} s)", figures)
-        run_s = None if steps_total is None else steps_total * (figures.step_s[cores] + load_s)
+        run_s = None if steps_total is None else steps_total * (figures.step_s[1] + load_s)
         if _too_short(run_s, figures):
             return _short(run_s, figures)
-        missing = sorted(set(counts.values()) - set(figures.step_s), reverse=True)
+        missing = [n for n in counts if n not in figures.step_s]
         if missing:
-            notes.append(f"steps on {', '.join(map(str, missing))} threads not measured: over the measurement's "
-                         f"budget of {budget:.1f} s ({BUDGET_SHARE:.0%} of the predicted run, {BUDGET_FLOOR_S:.0f} "
-                         f"to {BUDGET_CAP_S:.0f} s)")
+            notes.append(f"{', '.join(map(str, missing))} processes not measured: over the measurement's budget of "
+                         f"{budget:.1f} s ({BUDGET_SHARE:.0%} of the predicted run, {BUDGET_FLOOR_S:.0f} to "
+                         f"{BUDGET_CAP_S:.0f} s) or the free memory")
         figures.gradient_bytes = timer.gradient_bytes(job.bf16)
         numel = figures.gradient_bytes // (2 if job.bf16 else 4)
         timer.release()
@@ -303,19 +307,23 @@ def _budget(run_s: float | None) -> float:
 
 
 def _interleave(timer: job_measure.StepTimer, figures: Figures, deadline: float, cold: float) -> None:
-    """Time the step at each thread count, round after round (so that a slow moment on a shared machine hits them
-    alike), keeping each count's fastest, until ``deadline``. A count is timed only where its step, at worst no
-    faster than on every core scaled by the share, still fits."""
-    threads = sorted(set(figures.threads.values()), reverse=True)
+    """Time the step of each count, round after round (so that a slow moment on a shared machine hits them alike),
+    keeping each count's fastest, until ``deadline``. A count is timed only where its step, at worst no faster than
+    on every core scaled by the share, still fits, and where its copies fit in half the free memory."""
+    import psutil
+
+    free = psutil.virtual_memory().available
     for _ in range(ROUNDS):
         timed = False
-        for t in threads:
-            every = figures.step_s.get(figures.cores, cold)
-            guess = figures.step_s.get(t) or every * figures.cores / t
-            if time.perf_counter() + guess > deadline:
+        for n, t in sorted(figures.threads.items()):
+            guess = figures.step_s.get(n) or figures.step_s.get(1, cold) * figures.cores / t
+            if time.perf_counter() + guess > deadline or (n - 1) * timer.memory_per_copy() > free / 2:
                 continue
-            seconds, _ = timer.seconds(t, 1, 0.05, 0.05)
-            figures.step_s[t] = min(seconds, figures.step_s.get(t, seconds))
+            if n == 1:
+                seconds, _ = timer.seconds(t, 1, 0.05, 0.05)
+            else:  # short steps are timed several times, as one step alone says little
+                seconds = timer.concurrent_seconds(n, t, steps=max(1, min(20, int(0.05 / max(guess, 1e-4)))))
+            figures.step_s[n] = min(seconds, figures.step_s.get(n, seconds))
             timed = True
         if not timed:
             return

@@ -361,6 +361,8 @@ class StepTimer:
         if not self.params:
             raise MeasureError("the model has no parameter that requires a gradient")
         self.warmed = False
+        self.others: list[_Replica] = []  # more copies, for steps at the same time
+        self.step_bytes = 0
 
     def step(self) -> None:
         import torch
@@ -375,6 +377,7 @@ class StepTimer:
     def warm_up(self) -> float:
         """The first step, under the guard: a model that draws runs its copy in eval mode, one that still draws
         is refused (:class:`MeasureError`). Returns the step's seconds (cold)."""
+        rss = _peak_rss()
         start = time.perf_counter()
         try:
             with refuse_global_draws():
@@ -390,7 +393,9 @@ class StepTimer:
                 raise MeasureError(f"the model draws from {again} in its forward pass, even in eval mode: measuring "
                                    "it would change the run's random numbers") from again
         self.warmed = True
-        return time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        self.step_bytes = max(0, _peak_rss() - rss)
+        return seconds
 
     def seconds(self, threads: int, min_steps: int, min_s: float, cap_s: float) -> tuple[float, float]:
         """The fastest of the steps run at ``threads`` (at least ``min_steps`` and ``min_s`` seconds, until
@@ -415,14 +420,81 @@ class StepTimer:
         finally:
             torch.set_num_threads(before)
 
+    def concurrent_seconds(self, copies: int, threads: int, steps: int = 1) -> float:
+        """``copies`` copies of the model stepping at the same time, each on its own ``threads`` torch threads, as
+        ``copies`` ranks of ``threads`` cores would: the slowest copy's fastest step. What one copy alone on a share
+        of the cores misses, this sees: the ranks' shared caches, memory bandwidth and clock. (The copies run in
+        threads of this process, so their Python work takes turns on the GIL: if anything, the ranks are slower
+        here than they would be.)"""
+        import threading
+
+        import torch
+
+        if not self.warmed:
+            raise RuntimeError("warm_up() first")
+        while len(self.others) < copies - 1:
+            self.others.append(_Replica(self))
+        replicas: list[Any] = [self, *self.others[:copies - 1]]
+        start = threading.Barrier(copies)
+        best: list[float] = [float("inf")] * copies
+        errors: list[BaseException] = []
+
+        def run(i: int) -> None:
+            try:
+                torch.set_num_threads(threads)  # this thread's OpenMP team
+                start.wait()
+                for _ in range(steps):
+                    begin = time.perf_counter()
+                    replicas[i].step()
+                    best[i] = min(best[i], time.perf_counter() - begin)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+                start.abort()
+
+        before = torch.get_num_threads()
+        workers = [threading.Thread(target=run, args=(i,), name=f"nano-patch-measure-{i}") for i in range(copies)]
+        try:
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
+        finally:
+            torch.set_num_threads(before)
+        if errors:
+            raise MeasureError(f"copies of the model could not step at the same time ({errors[0]!r})")
+        return max(best)
+
+    def memory_per_copy(self) -> int:
+        """Bytes one more copy stepping takes: its parameters and gradients, and the step's peak growth of this
+        process (measured over the warm-up)."""
+        return 2 * sum(p.numel() * p.element_size() for p in self.params) + self.step_bytes
+
     def gradient_bytes(self, bf16_gradients: bool) -> int:
         """Bytes each rank all-reduces per optimizer step (bf16 where the gradients travel compressed)."""
         return sum(p.numel() * (2 if bf16_gradients else p.element_size()) for p in self.params)
 
     def release(self) -> None:
         self.__dict__.pop("copy", None)
-        self.params = []
+        self.params, self.others = [], []
         self.args, self.kwargs = (), {}
+
+
+class _Replica:
+    """One more copy of a :class:`StepTimer`'s copy (same mode, memory format and input), to step alongside it."""
+
+    def __init__(self, timer: StepTimer) -> None:
+        self.copy = copy.deepcopy(timer.copy)
+        self.args, self.kwargs, self.bf16 = timer.args, timer.kwargs, timer.bf16
+        self.params = [p for p in self.copy.parameters() if p.requires_grad]
+
+    step = StepTimer.step
+
+
+def _peak_rss() -> int:
+    """This process's peak resident memory so far, in bytes (Linux reports kilobytes)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _loss(out: Any) -> Any:
