@@ -235,9 +235,10 @@ def test_skip_reasons_reach_the_decision(monkeypatch, caplog):
     unpicklable.lock = threading.Lock()
     d = decide(instance_count.Job(unpicklable, _loader()))
     assert d.processes == 1 and "the model cannot be copied" in d.reason, d.reason
-    # one core
-    _fake_cores(monkeypatch, 1)
-    assert "one physical core" in decide(instance_count.Job(TinyModule(), _loader())).reason
+    # too few cores to share out
+    _fake_cores(monkeypatch, 3)
+    assert "3 physical cores: each process needs at least 2" in decide(instance_count.Job(TinyModule(),
+                                                                                          _loader())).reason
     # a short run: 2 epochs of 4 steps cannot repay seconds of start-up
     _fake_cores(monkeypatch, 4)
     d = decide(instance_count.Job(TinyModule(), _loader(), max_epochs=2))
@@ -255,7 +256,7 @@ def test_a_forward_that_draws_from_a_global_generator_is_refused_before_it_draws
         def forward(self, x):
             return self.net(x) + self.draw(x)
 
-    _fake_cores(monkeypatch, 2)
+    _fake_cores(monkeypatch, 4)
     for draw, what in ((lambda x: torch.randn_like(x[:, :3]), "torch's"),
                        (lambda x: random.random(), "Python's random")):
         model, loader = Noisy(draw), _loader()
@@ -295,11 +296,12 @@ def test_the_measurement_gives_sane_figures_on_a_tiny_model():
 
 
 def test_decide_measures_a_real_job_end_to_end(monkeypatch):
+    _fake_cores(monkeypatch, 4)  # candidates 1 x 4 and 2 x 2 (on however many cores there are)
     monkeypatch.setattr(instance_count, "startup_seconds", lambda: 0.1)  # not this test process's age
     d = instance_count.decide(instance_count.Job(TinyModule(width=64), _loader(), max_epochs=1000))
     f = d.figures
     assert f is not None and f.batch_size == 16 and f.steps_total == 4000, d.line()
-    assert f.step_s and all(0 < s < 1 for s in f.step_s.values()), d.line()
+    assert set(f.step_s) == {1, 2} and all(0 < s < 1 for s in f.step_s.values()), d.line()
     assert d.processes in f.threads and d.measure_s < 10, d.line()
     assert "num_processes='auto' ->" in d.line() and "step" in d.line()
 
@@ -308,6 +310,7 @@ def test_the_measurement_leaves_the_module_optimizer_and_every_generator_untouch
     """State dicts, gradients, train/eval mode, optimizer state and the torch, Python and NumPy generators are the
     same after the measurement; torch's global generator never changes while it runs (no save and restore)."""
     monkeypatch.setattr(instance_count, "startup_seconds", lambda: 0.1)  # a run long enough to be measured
+    _fake_cores(monkeypatch, 4)
     model = TinyModule()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
     model(torch.rand(4, 8)).sum().backward()

@@ -99,8 +99,11 @@ def maybe_start(num_processes: Any, cpu_for_each_process: Any, script: str | Non
     if _server is not None or not supported() or not wanted(num_processes, cpu_for_each_process) \
             or _a_rank_or_helper():
         return False
-    if num_processes == "auto" and len(os.sched_getaffinity(0)) < 2:
-        return False  # auto cannot choose more than one process here
+    if num_processes == "auto":
+        from .instance_count import candidates
+
+        if len(candidates()) < 2:
+            return False  # auto cannot choose more than one process here
     if script is None and module is None:
         if deferred:
             return False
