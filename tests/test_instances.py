@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 import nano_patch
 from nano_patch import report
 from nano_patch.patches import lightning_trainer
-from nano_patch.train import instance_count, job_measure, topology
+from nano_patch.train import auto_trainer, instance_count, job_measure, topology
 
 pl = pytest.importorskip("pytorch_lightning")
 
@@ -84,7 +84,7 @@ def _trainer(**kwargs):
 
 def _decide_at_fit(trainer, model, loader) -> None:
     """What the patched ``Trainer.fit`` does before Lightning's launcher runs."""
-    lightning_trainer.decide_at_fit(trainer, vars(trainer).pop("_nano_auto"), model, (model, loader), {}, False)
+    auto_trainer.decide_at_fit(trainer, vars(trainer).pop("_nano_auto"), model, (model, loader), {}, False)
 
 
 def _fake_measurement(monkeypatch, step_s, allreduce_s: float, sample_s: float = 0.0) -> None:
@@ -201,7 +201,7 @@ def test_the_decision_goes_to_the_report(tmp_path, monkeypatch):
 ])
 def test_trainer_arguments_that_leave_auto_one_process_say_why(monkeypatch, kwargs, reason):
     cls = type("Strategy", (), {})
-    assert reason in lightning_trainer._auto_skip(kwargs, True, "popen", cls)
+    assert reason in auto_trainer.skip_reason(kwargs, True, "popen", cls, lightning_trainer._REPLACEABLE_STRATEGIES)
 
 
 def test_a_trainer_on_a_gpu_is_not_measured(monkeypatch, caplog):
@@ -244,7 +244,8 @@ def test_skip_reasons_reach_the_decision(monkeypatch, caplog):
     d = decide(instance_count.Job(TinyModule(), _loader(), max_epochs=2))
     assert d.processes == 1 and "too short to repay starting ranks" in d.reason, d.reason
     assert all(c.processes == 1 for c in cases)
-    assert "forked from this process" in lightning_trainer._auto_skip({}, True, "fork", type("S", (), {}))
+    assert "forked from this process" in auto_trainer.skip_reason({}, True, "fork", type("S", (), {}),
+                                                                  lightning_trainer._REPLACEABLE_STRATEGIES)
 
 
 def test_a_forward_that_draws_from_a_global_generator_is_refused_before_it_draws(monkeypatch):

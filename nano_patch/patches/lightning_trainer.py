@@ -10,7 +10,6 @@ argument wins. Stock arguments keep their stock meaning. ``Trainer.compile`` wra
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib
 import inspect
@@ -68,10 +67,10 @@ class LightningTrainerPatch(Patch):
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             nano = {k: kwargs.pop(k) for k in NANO_ARGS if k in kwargs}
             legacy = pop_legacy(kwargs)
-            pending: list[AutoRequest] = []
+            pending: list[Any] = []
             kwargs = translate(pl, kwargs, nano, legacy, pending)
             original(self, *args, **kwargs)
-            if pending:  # num_processes="auto": decided at fit, from a measurement (train/instance_count.py)
+            if pending:  # num_processes="auto": decided at fit, from a measurement (train/auto_trainer.py)
                 self._nano_auto = pending[0].with_connector(type(self), original, kwargs)
 
         __init__.__signature__ = _signature(original)  # type: ignore[attr-defined]
@@ -144,7 +143,9 @@ def _noting_fit(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict
     channels_last = any(type(c).__name__.startswith("ChannelsLast") and type(c).__module__ == callbacks.__name__
                         for c in instance.callbacks)
     if "_nano_auto" in vars(instance):  # before Lightning's launcher starts any rank
-        decide_at_fit(instance, vars(instance).pop("_nano_auto"), model, args, kwargs, channels_last)
+        from ..train import auto_trainer
+
+        auto_trainer.decide_at_fit(instance, vars(instance).pop("_nano_auto"), model, args, kwargs, channels_last)
     if model is not None:
         exit_notices.note_training("Trainer", model, str(instance.precision),
                                    channels_last and callbacks.has_conv2d(model))
@@ -155,100 +156,8 @@ def _noting_fit(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict
         raise
 
 
-#: The Trainer arguments Lightning builds its accelerator connector (strategy, devices, precision) from.
-_CONNECTOR_ARGS = ("devices", "num_nodes", "accelerator", "strategy", "plugins", "precision", "sync_batchnorm",
-                   "benchmark", "use_distributed_sampler", "deterministic")
-
-
-@dataclasses.dataclass
-class AutoRequest:
-    """A Trainer built for ``num_processes="auto"``: what deciding the count at ``fit`` needs."""
-
-    namespace: str  # pytorch_lightning or lightning.pytorch
-    run_level: bool
-    start_method: str | None
-    skip: str | None  # why auto cannot be measured for this Trainer, as its arguments tell
-    connector: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    def with_connector(self, cls: type, original: Any, kwargs: dict[str, Any]) -> AutoRequest:
-        """Keep the arguments Lightning built the Trainer's accelerator connector from (its ``PL_TRAINER_*``
-        defaults included), to build it again for more processes."""
-        defaults = {name: p.default for name, p in inspect.signature(original).parameters.items()}
-        try:
-            parse = importlib.import_module(f"{self.namespace}.utilities.argparse")._parse_env_variables
-            given = {**vars(parse(cls)), **kwargs}
-        except Exception:  # noqa: BLE001 - no PL_TRAINER_* defaults to read
-            given = dict(kwargs)
-        self.connector = {k: given.get(k, defaults.get(k)) for k in _CONNECTOR_ARGS}
-        return self
-
-
-def _auto_skip(kwargs: dict[str, Any], run_level: bool, start_method: str | None, cls: type) -> str | None:
-    """Why this Trainer's arguments leave no room for ``auto`` to measure (then it runs as the script built it)."""
-    from ..train import strategy as strategy_mod
-    from ..train.training_plan import default_start_method
-
-    accelerator = kwargs.get("accelerator", "auto")
-    name = accelerator if isinstance(accelerator, str) else type(accelerator).__name__.lower()
-    if name not in ("auto", "cpu", "cpuaccelerator"):
-        return f"the Trainer trains on accelerator={accelerator!r}, and auto counts CPU processes"
-    strategy = kwargs.get("strategy", "auto")
-    named = isinstance(strategy, str) and strategy in (*_REPLACEABLE_STRATEGIES, *strategy_mod.STRATEGY_NAMES)
-    if not named and not isinstance(strategy, cls):
-        return f"strategy={strategy!r} is not the plain data parallelism that nano-patch's processes replace"
-    nodes = int(kwargs.get("num_nodes", 1) or 1)
-    if nodes > 1:
-        return f"num_nodes={nodes}: each node would measure on its own and could choose another count"
-    devices = kwargs.get("devices", "auto")
-    if not run_level and devices not in ("auto", None):
-        return f"the Trainer argument devices={devices!r} sets the count"
-    method = strategy_mod.STRATEGY_NAMES.get(strategy, None) if isinstance(strategy, str) else None
-    if (method or start_method or default_start_method()) == "fork":
-        return ("ranks forked from this process (as in an interactive session) could hang in OpenMP after the "
-                "measurement's threads; give num_processes=N")
-    return None
-
-
-def decide_at_fit(trainer: Any, request: AutoRequest, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                  channels_last: bool) -> None:
-    """``num_processes="auto"``: measure and decide now, before Lightning's launcher runs; for more than one
-    process, give the Trainer nano-patch's strategy for that count, as ``Trainer(num_processes=N)`` would have."""
-    from ..train import instance_count
-    from ..train import strategy as strategy_mod
-
-    def arg(i: int, name: str) -> Any:
-        return args[i] if len(args) > i else kwargs.get(name)
-
-    n = instance_count.decided()
-    if n is not None:
-        decision = instance_count.Decision(n, "decided earlier in this run")
-    else:
-        accelerator = type(getattr(trainer, "accelerator", None)).__name__
-        skip = request.skip or (None if accelerator == "CPUAccelerator" else
-                                f"the Trainer trains on its {accelerator} (a GPU), and auto counts CPU processes")
-        job = instance_count.Job(
-            model=model, train_dataloaders=arg(1, "train_dataloaders"), datamodule=arg(3, "datamodule"),
-            bf16=str(trainer.precision).startswith("bf16"), channels_last=channels_last,
-            max_steps=trainer.max_steps, max_epochs=trainer.max_epochs,
-            limit_train_batches=trainer.limit_train_batches, accumulate=trainer.accumulate_grad_batches, skip=skip)
-        decision = instance_count.decide(job)
-    if decision.processes > 1:
-        pl = importlib.import_module(request.namespace)
-        try:
-            built = _multi_instance(pl, dict(request.connector), decision.processes, None, strategy_mod,
-                                    request.run_level, request.start_method)
-            connectors = importlib.import_module(f"{request.namespace}.trainer.connectors.accelerator_connector")
-            trainer._accelerator_connector = connectors._AcceleratorConnector(
-                **{k: built[k] for k in _CONNECTOR_ARGS if k in built})
-        except Exception as exc:  # noqa: BLE001 - the Trainer stays as it was built: one process
-            decision = instance_count.Decision(
-                1, f"{decision.processes} processes could not be set up ({type(exc).__name__}: {exc})",
-                decision.figures, decision.predicted, decision.measure_s)
-    instance_count.publish(decision)
-
-
 def translate(pl: ModuleType, kwargs: dict[str, Any], nano: dict[str, Any],
-              legacy: dict[str, Any] | None = None, pending: list[AutoRequest] | None = None) -> dict[str, Any]:
+              legacy: dict[str, Any] | None = None, pending: list[Any] | None = None) -> dict[str, Any]:
     """Turn BigDL-Nano's arguments (and the run-level defaults) into stock Trainer arguments.
 
     ``nano``: the nano arguments given to this ``Trainer(...)`` call; ``legacy``: BigDL-Nano and
@@ -256,7 +165,7 @@ def translate(pl: ModuleType, kwargs: dict[str, Any], nano: dict[str, Any],
     ``nano-patch run`` flag, ``NANO_PATCH_*``) wins over the stock arguments a script passes
     (``devices=1``, ``precision=32``), with a log line; two arguments of this very call that
     contradict each other are an error. ``num_processes="auto"`` builds one process and appends to ``pending``
-    what :func:`decide_at_fit` needs to decide it.
+    what deciding it at ``fit`` needs (``train/auto_trainer.py``).
     """
     import torch
 
@@ -287,8 +196,12 @@ def translate(pl: ModuleType, kwargs: dict[str, Any], nano: dict[str, Any],
         kwargs = _multi_instance(pl, kwargs, plan.num_processes, plan.cpu_for_each_process, strategy_mod,
                                  run_level, start_method)
     elif plan.auto and pending is not None:
-        pending.append(AutoRequest(pl.__name__, run_level, start_method,
-                                   _auto_skip(kwargs, run_level, start_method, strategy_mod.strategy_class(pl))))
+        from ..train import auto_trainer
+
+        multi = functools.partial(_multi_instance, pl, strategy_mod=strategy_mod, run_level=run_level,
+                                  start_method=start_method)
+        pending.append(auto_trainer.AutoRequest(pl.__name__, multi, auto_trainer.skip_reason(
+            kwargs, run_level, start_method, strategy_mod.strategy_class(pl), _REPLACEABLE_STRATEGIES)))
 
     extra_callbacks = []
     if plan.channels_last:
