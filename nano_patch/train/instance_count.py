@@ -46,9 +46,6 @@ BUDGET_FLOOR_S = 1.0
 BUDGET_CAP_S = 12.0
 #: Rounds of steps at every thread count, where the budget allows.
 ROUNDS = 3
-#: Each rank keeps two cores: besides its step it runs serial work the step time does not show (the optimizer, the
-#: loader's draws, gloo's thread). On 2 cores, 2 processes of 1 core measured 0.88-1.06x one process on both jobs.
-MIN_CORES_PER_PROCESS = 2
 #: A rank's start-up where this process's own cannot be read.
 DEFAULT_STARTUP_S = 5.0
 #: The least a rank started warm takes (fork, patch, the script's own start, joining the process group).
@@ -134,18 +131,6 @@ class Decision:
         return out
 
 
-def candidates(cpus: list[int] | None = None) -> dict[int, int]:
-    """Process counts worth predicting, each with its cores per process: 1 (every core), 2, 4, 8, ... while each
-    process keeps at least :data:`MIN_CORES_PER_PROCESS` physical cores."""
-    cores = topology.physical_cores(cpus)
-    out = {1: len(cores)}
-    n = 2
-    while len(cores) // n >= MIN_CORES_PER_PROCESS:
-        out[n] = min(len(g) for g in topology.split_cores(n, cpus))
-        n *= 2
-    return out
-
-
 def predict(f: Figures) -> dict[int, float]:
     """Samples/s for each count whose thread count was measured (see the module's docstring)."""
     samples_total = f.steps_total * f.batch_size if f.steps_total else None
@@ -217,11 +202,11 @@ def decide(job: Job, cpus: list[int] | None = None) -> Decision:
 def _decide(job: Job, cpus: list[int] | None, start: float) -> Decision:
     if job.skip:
         return Decision(1, job.skip)
-    counts = candidates(cpus)
+    counts = topology.counts_to_try(cpus)
     cores = counts[1]
     if len(counts) < 2:
         return Decision(1, f"this process may use {cores} physical core{'s' if cores > 1 else ''}: each process "
-                           f"needs at least {MIN_CORES_PER_PROCESS}")
+                           f"needs at least {topology.MIN_CORES_PER_PROCESS}")
     timer = None
     try:
         import torch

@@ -85,6 +85,9 @@ def resolve_plan(given: Mapping[str, Any], what: str = "argument", defer_auto: b
 
 @functools.cache
 def _auto_needs_a_trainer(what: str) -> None:
+    from . import warm_start
+
+    warm_start.stop()  # no rank will start for this auto
     log.warning("nano-patch: num_processes='auto' (%s) runs 1 process here: auto is decided from a measurement of "
                 "the model at Trainer.fit, and TorchNano and @nano start their ranks before the model is known; "
                 "give num_processes=N to run N", what)

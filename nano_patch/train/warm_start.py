@@ -6,10 +6,11 @@ imports torch, torchvision and Lightning again: about 3 of the 3.4 s a second ra
 entry (``python -m nano_patch._rank SCRIPT ARGS``, ``train/ranks.py``). So:
 
 1. A process that starts a multi-instance run (``nano-patch run --num-processes N|auto``, ``patch_torch(num_processes
-   =...)`` in a script) starts, at once, one *warm interpreter* (:func:`maybe_start`): ``python -m nano_patch._warm``,
-   in its own session, which imports the well-known packages the script imports (:func:`heavy_imports`: read from
-   the script's source, never run; only names on :data:`PREIMPORT`), and then waits. It imports while the launching
-   process runs its own start, on the cores that start leaves idle.
+   =...)`` in a script) starts, at once, one *warm interpreter* (:func:`maybe_start`): ``python -m nano_patch._rank
+   --warm-interpreter``, in its own session, which imports the well-known packages the script imports
+   (:func:`heavy_imports`: read from the script's source, never run, and forwarded as the launching process imports
+   them; only names on :data:`PREIMPORT`), and then waits. It imports while the launching process runs its own
+   start, on the cores that start leaves idle.
 2. When Lightning's launcher later starts a child rank, the rank entry (:func:`run_warm`) hands the warm interpreter
    its command line, environment, working directory and standard streams (over a Unix socket, the streams as file
    descriptors). The warm interpreter forks; the fork takes them on and runs the rank exactly as the rank entry would
@@ -49,6 +50,8 @@ import sys
 import tempfile
 import time
 from typing import Any
+
+from . import topology
 
 log = logging.getLogger("nano_patch")
 
@@ -99,11 +102,8 @@ def maybe_start(num_processes: Any, cpu_for_each_process: Any, script: str | Non
     if _server is not None or not supported() or not wanted(num_processes, cpu_for_each_process) \
             or _a_rank_or_helper():
         return False
-    if num_processes == "auto":
-        from .instance_count import candidates
-
-        if len(candidates()) < 2:
-            return False  # auto cannot choose more than one process here
+    if num_processes == "auto" and len(topology.counts_to_try()) < 2:
+        return False  # auto cannot choose more than one process here
     if script is None and module is None:
         if deferred:
             return False
@@ -121,7 +121,8 @@ def maybe_start(num_processes: Any, cpu_for_each_process: Any, script: str | Non
     # Unpatched: the rank patches itself with its own environment's options (the rank entry's path).
     env = {k: v for k, v in os.environ.items() if k != STARTUP_ENV}
     try:
-        _server = subprocess.Popen([sys.executable, "-m", "nano_patch._warm", path, *modules], env=env,
+        _server = subprocess.Popen([sys.executable, "-m", "nano_patch._rank", "--warm-interpreter", path, *modules],
+                                   env=env,
                                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                    start_new_session=True, close_fds=True)
     except OSError as exc:
