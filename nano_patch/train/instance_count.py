@@ -248,9 +248,9 @@ def _decide(job: Job, cpus: list[int] | None, start: float) -> Decision:
         budget = _budget(run_s)
         _interleave(timer, figures, start + budget, cold)
         if len(figures.step_s) < 2:
-            return Decision(1, f"the measurement's budget of {budget:.1f} s ({BUDGET_SHARE:.0%} of the predicted "
-                               f"run, at least {BUDGET_FLOOR_S:.0f} s) was spent before a step on fewer cores could "
-                               f"be timed (the first step took {cold:.2f} s)", figures)
+            return Decision(1, f"no step on fewer cores fits the measurement's budget of {budget:.1f} s "
+                               f"({BUDGET_SHARE:.0%} of the predicted run, at least {BUDGET_FLOOR_S:.0f} s; the first "
+                               f"step took {cold:.2f} s)", figures)
         run_s = None if steps_total is None else steps_total * (figures.step_s[1] + load_s)
         if _too_short(run_s, figures):
             return _short(run_s, figures)
