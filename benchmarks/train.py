@@ -11,10 +11,11 @@ epoch fills it; the measured epochs, from the second on, read it). Results:
     python benchmarks/train.py [--epochs 2] [--per-class 64]
 
 ``--multi-instance`` compares processes x cores each at the same total cores instead: ``nano-patch run --fast``
-in 1 process on all cores (up to 16) against 2 and 4 pinned processes (``--num-processes``) sharing them, on the
-main job (96 px, batch 16) and on a larger one (224 px, batch 64); results ``multi_instance.json`` and ``.png``:
+in 1 process on all cores (up to 16) against 2 and 4 pinned processes (``--num-processes``) sharing them, and
+``--num-processes auto`` (the count it chose, and its measurement's line, are kept per round), on the main job
+(96 px, batch 16) and on a larger one (224 px, batch 64); results ``multi_instance.json`` and ``.png``:
 
-    python benchmarks/train.py --multi-instance        # 1 x 16, 2 x 8, 4 x 4 on 16 cores; 1 x 2, 2 x 1 on 2
+    python benchmarks/train.py --multi-instance        # 1 x 16, 2 x 8, 4 x 4, auto on 16 cores; 1 x 2, 2 x 1, auto on 2
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ print(f"compute-only samples/s: {{n / (time.perf_counter() - t):.1f}}")
 """
 
 
+AUTO_NAME = "auto"
 #: The jobs of --multi-instance: (input size, batch size).
 MULTI_INSTANCE_JOBS = {"main job (96 px, batch 16)": (96, 16), "larger job (224 px, batch 64)": (224, 64)}
 
@@ -131,12 +133,14 @@ def run_config(name: str, data: Path, epochs: int, size: int | None = None, batc
         processes = int(name.split(" x ")[0])
         prefix = ["-m", "nano_patch", "run", "--fast"] + (["--num-processes", str(processes)] if processes > 1 else [])
         env_extra = {}
+    elif name == AUTO_NAME:  # --multi-instance: `--fast --num-processes auto`
+        prefix, env_extra = ["-m", "nano_patch", "run", "--fast", "--num-processes", "auto"], {}
     else:
         prefix, env_extra = CONFIGS[name]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NANO_PATCH_", "_NANO_PATCH", "OMP_", "KMP_"))
            and k not in ("LD_PRELOAD", "MALLOC_CONF")}
     env.update(env_extra)
-    if " x " in name:  # this tree's nano-patch, in every rank, however (or whether) it is installed
+    if " x " in name or name == AUTO_NAME:  # this tree's nano-patch, in every rank, however it is installed
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     cache_dir = tempfile.mkdtemp(prefix="nano-patch-bench-cache-")
     env["NANO_PATCH_CACHE_DIR"] = os.path.join(cache_dir, "c")  # each run starts with an empty cache
@@ -160,8 +164,12 @@ def run_config(name: str, data: Path, epochs: int, size: int | None = None, batc
     if proc.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{stderr[-3000:]}")
     m = re.search(r"train samples/s \(all ranks\): ([\d.]+)\s+val_acc: ([\d.]+)", stdout)
-    return {"samples_per_s": float(m.group(1)), "val_acc": float(m.group(2)), "peak_rss_mb": peak / 2**20,
-            "wall_s": wall}
+    out = {"samples_per_s": float(m.group(1)), "val_acc": float(m.group(2)), "peak_rss_mb": peak / 2**20,
+           "wall_s": wall}
+    decision = re.search(r"nano-patch: num_processes='auto' -> (\d+) process.*", stderr)
+    if decision:  # the count auto chose, and its figures
+        out["auto_processes"], out["auto_line"] = int(decision.group(1)), decision.group(0)
+    return out
 
 
 def _tree_rss(proc: psutil.Process) -> int:
@@ -273,7 +281,7 @@ def multi_instance(args: argparse.Namespace, build) -> None:
     per_class = args.per_class if "--per-class" in sys.argv else 256
     shapes = multi_instance_shapes(args.max_cores)
     cpus = sorted(os.sched_getaffinity(0))[:shapes[0][1]]
-    names = [multi_instance_name(p, c) for p, c in shapes]
+    names = [multi_instance_name(p, c) for p, c in shapes] + [AUTO_NAME]
     result = {"machine": f"{_cpu_name()}, {os.cpu_count()} CPUs", "python": platform.python_version(),
               "epochs": epochs, "per_class": per_class, "cpus": cpus, "bf16": BF16, "jobs": {}}
     with tempfile.TemporaryDirectory() as tmp:
@@ -297,8 +305,22 @@ def multi_instance(args: argparse.Namespace, build) -> None:
     for job, by_name in result["jobs"].items():
         one = by_name[names[0]]["samples_per_s"]
         for name, r in by_name.items():
-            print(f"| {job} | {name} | {r['samples_per_s']:.1f} | {r['samples_per_s'] / one:.2f}x | "
+            chose = f" (chose {r['auto_processes']})" if "auto_processes" in r else ""
+            print(f"| {job} | {name}{chose} | {r['samples_per_s']:.1f} | {r['samples_per_s'] / one:.2f}x | "
                   f"{r['wall_s']:.0f} | {r['val_acc']:.3f} | {r['peak_rss_mb']:.0f} |")
+    for job, by_name in runs.items():
+        # auto against one process, round by round: drift on a shared machine hits a round's runs alike
+        ratios = [a["samples_per_s"] / o["samples_per_s"] for a, o in zip(by_name[AUTO_NAME], by_name[names[0]])]
+        best = max((n for n in names if n != AUTO_NAME), key=lambda n: result["jobs"][job][n]["samples_per_s"])
+        print(f"{job}: auto / {names[0]} per round {', '.join(f'{r:.3f}' for r in ratios)} (median "
+              f"{_median(ratios):.3f}); auto chose {[r.get('auto_processes') for r in by_name[AUTO_NAME]]}; "
+              f"best fixed count {best}")
+        for r in by_name[AUTO_NAME]:
+            print("   ", r.get("auto_line", "(no decision line)"))
+        result["jobs"][job][AUTO_NAME]["vs_one_process_per_round"] = ratios
+        result["jobs"][job][AUTO_NAME]["chose_per_round"] = [r.get("auto_processes") for r in by_name[AUTO_NAME]]
+        result["jobs"][job][AUTO_NAME]["lines"] = [r.get("auto_line") for r in by_name[AUTO_NAME]]
+    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2))
 
 
 def multi_instance_chart(result: dict, names: list[str], path: Path) -> None:
@@ -317,6 +339,12 @@ def multi_instance_chart(result: dict, names: list[str], path: Path) -> None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def _middle(values: list, key=None):

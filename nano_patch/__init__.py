@@ -88,6 +88,9 @@ def patch_torch(
     exit_notices.note_options(opts)
     config.set_in_force(opts)  # before the patches apply: they read the options in force
     _get_manager().patch(opts)
+    from .train import warm_start
+
+    warm_start.maybe_start(opts.num_processes, opts.cpu_for_each_process)  # a script asking for several ranks
     if opts.vision:
         _warn_if_kernels_missing(stacklevel=2)
 

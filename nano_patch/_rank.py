@@ -1,7 +1,9 @@
 """``python -m nano_patch._rank (SCRIPT | -m MODULE) [ARGS ...]``: how nano-patch starts a child rank.
 
 Lightning's script launcher builds each child's command; under nano-patch that command runs this module
-first (``train/ranks.py``, ``patches/launch_command.py``). It patches the process with the launcher's options
+first (``train/ranks.py``, ``patches/launch_command.py``). Where the launching process started a warm interpreter
+(``train/warm_start.py``: ``python -m nano_patch._rank --warm-interpreter ...``), the rank runs in a fork of it
+and this process watches it; otherwise it patches the process with the launcher's options
 (``_NANO_PATCH_STARTUP``), tells the launcher it started, then runs the script or module exactly as
 ``python SCRIPT`` / ``python -m MODULE`` would. The patch so reaches the rank whatever the interpreter does
 with .pth files.
@@ -13,12 +15,30 @@ import os
 import runpy
 import sys
 
+#: ``python -m nano_patch._rank --warm-interpreter SOCKET [MODULE ...]``: the warm interpreter (train/warm_start.py)
+WARM = "--warm-interpreter"
+
 
 def main(argv: list[str]) -> None:
+    from nano_patch.train import ranks, warm_start
+
+    if argv[:1] == [WARM]:
+        request = warm_start.serve(argv[1], argv[2:])
+        if request is not None:  # a rank, forked: run as this entry would run it
+            run(request["argv"])
+        return
+    ranks.announce_start()  # first: its thread connects while this one patches
+    status = warm_start.run_warm(argv)  # the rank runs in the warm interpreter's fork; this process watches it
+    if status is not None:
+        warm_start.exit_as(status)
+    run(argv)
+
+
+def run(argv: list[str]) -> None:
+    """Patch with the launcher's options and run the script or module (in this process, or in a warm fork)."""
     from nano_patch.config import STARTUP_ENV
     from nano_patch.train import ranks
 
-    ranks.announce_start()  # first: its thread connects while this one patches
     if STARTUP_ENV in os.environ:
         by_hook = "nano_patch._startup" in sys.modules  # the .pth hook ran first: it already patched
         import nano_patch._startup  # noqa: F401 - patches with the launcher's options, once

@@ -129,8 +129,8 @@ def run_options(args: argparse.Namespace) -> dict[str, object]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from . import exit_notices, patch_torch, report_facts
-    from .train import ranks, shutdown
+    from . import exit_notices, options, patch_torch, report_facts
+    from .train import ranks, shutdown, warm_start
 
     rest = list(args.args)
     if args.report not in (None, "-") and not args.report.endswith(".json"):
@@ -167,12 +167,17 @@ def _run(args: argparse.Namespace) -> int:
 
         # Every process of the run (ranks, DataLoader workers) writes its figures here.
         os.environ[report.REPORT_DIR_ENV] = tempfile.mkdtemp(prefix="nano-patch-report-")
+    warm_start.deferred = True  # started below, for the script this command runs
     try:
         patch_torch(**explicit)  # also sets the variable that patches the children it starts
     except config.ConfigError as exc:
         print(f"nano-patch run: {exc}", file=sys.stderr)
         return 2
     ranks.patched_by = "nano-patch run"
+    opts = options()
+    # Child ranks will run in an interpreter that imports while this one starts (train/warm_start.py).
+    warm_start.maybe_start(opts.num_processes, opts.cpu_for_each_process, script=None if args.module else rest[0],
+                           module=args.module)
     exit_notices.start_run(explicit, args.report, report_facts)
     code = 0
     try:

@@ -44,6 +44,8 @@ class Stats:
         self.loader: Counter[str] = Counter()
         #: the decoded-image cache: hits, misses, stored, bytes, decode seconds and pixels (vision/cache/figures.py)
         self.cache: Counter[str] = Counter()
+        #: decisions made once in a run (``num_processes="auto"``'s figures), by name
+        self.sections: dict[str, Any] = {}
         self.iterators: list[weakref.ref[Any]] = []
         self._flushed = time.monotonic()
         # The loader's threads count too: counters are updated under a lock, never relying on the GIL.
@@ -70,6 +72,7 @@ class Stats:
         self.seconds.clear()
         self.loader.clear()
         self.cache.clear()
+        self.sections.clear()
         self.iterators.clear()
         self._flushed = time.monotonic()
         self._lock = threading.Lock()  # a lock held by a thread of the parent's stays held in the child
@@ -112,10 +115,11 @@ class Stats:
     def flush(self) -> None:
         self._flushed = time.monotonic()
         with self._lock:
-            if not (self.counts or self.seconds or self.loader or self.cache):
+            if not (self.counts or self.seconds or self.loader or self.cache or self.sections):
                 return
             data = {"counts": [[p, f, r, n] for (p, f, r), n in self.counts.items()],
-                    "seconds": dict(self.seconds), "loader": dict(self.loader), "cache": dict(self.cache)}
+                    "seconds": dict(self.seconds), "loader": dict(self.loader), "cache": dict(self.cache),
+                    "sections": dict(self.sections)}
         _write_json(os.path.join(self.directory, f"counts-{os.getpid()}.json"), data)
 
 
@@ -153,6 +157,14 @@ def count(patch: str, fast: bool, reason: str) -> None:
     """Record one call of ``patch`` on its accelerated path (``fast``) or a fallback, and why."""
     if stats is not None:
         stats.count(patch, fast, reason)
+
+
+def note(section: str, value: dict[str, Any]) -> None:
+    """Record a decision made once in the run (JSON-able), shown in the report under ``section``."""
+    if stats is not None:
+        with stats._lock:
+            stats.sections[section] = value
+        stats.flush()
 
 
 def write_training(figures: dict[str, Any]) -> None:
@@ -223,8 +235,9 @@ def _read_all(directory: str, pattern: str) -> list[dict[str, Any]]:
     return found
 
 
-def _merge(directory: str) -> tuple[Counter, Counter, Counter, Counter, dict[str, Any] | None]:
+def _merge(directory: str) -> tuple[Counter, Counter, Counter, Counter, dict[str, Any] | None, dict[str, Any]]:
     counts: Counter[tuple[str, bool, str]] = Counter()
+    sections: dict[str, Any] = {}
     seconds: Counter[str] = Counter()
     loader: Counter[str] = Counter()
     cache: Counter[str] = Counter()
@@ -233,10 +246,11 @@ def _merge(directory: str) -> tuple[Counter, Counter, Counter, Counter, dict[str
             counts[(p, bool(fast), reason)] += int(n)
         seconds.update(data.get("seconds", {}))
         cache.update(data.get("cache", {}))
+        sections.update(data.get("sections", {}))
         for k, v in data.get("loader", {}).items():
             loader[k] = max(loader[k], v) if k in _MAX_KEYS else loader[k] + v
     training = (_read_all(directory, "lightning-*.json") or [None])[-1]
-    return counts, seconds, loader, cache, training
+    return counts, seconds, loader, cache, training, sections
 
 
 def cache_summary(cache: Counter) -> dict[str, Any] | None:
@@ -283,8 +297,8 @@ def compose(wall_time: float, patch_rows: list[dict[str, Any]], unused_knobs: li
     if stats is not None:
         stop_workers()
         stats.flush()
-    counts, seconds, loader, cache, training = _merge(stats.directory) if stats is not None else (
-        Counter(), Counter(), Counter(), Counter(), None)
+    counts, seconds, loader, cache, training, sections = _merge(stats.directory) if stats is not None else (
+        Counter(), Counter(), Counter(), Counter(), None, {})
     if training is None and loader.get("samples"):
         wait, step = loader["wait_s"], loader["step_s"]
         training = {"source": "DataLoader iteration (all loaders, this process)", "data_wait_s": wait,
@@ -330,7 +344,7 @@ def compose(wall_time: float, patch_rows: list[dict[str, Any]], unused_knobs: li
     return {"wall_time_s": wall_time, "training": training, "patches": patches,
             "seconds": {"resize": seconds.get("resize", 0.0), "image_loading": seconds.get("load", 0.0)},
             "decoded_cache": cache_summary(cache), "loader_threads": threads_summary(loader),
-            "unused_knobs": unused_knobs, "advice": advice}
+            "unused_knobs": unused_knobs, "advice": advice, "num_processes": sections.get("num_processes")}
 
 
 def discard() -> None:
@@ -368,6 +382,14 @@ def render(report: dict[str, Any]) -> str:
             f"order and rendered in parallel; serial (draws, GIL held) {lt['serial_ms_per_image']:.2f} ms/image, "
             f"render {lt['render_ms_per_image']:.2f} ms/image; loading {lt['loading_speedup']:.2f}x faster than "
             "one thread")
+    auto = report.get("num_processes")
+    if auto is not None:
+        lines.append(f"  num_processes='auto': {auto['processes']} ({auto['reason']}; measured in "
+                     f"{auto['measure_s']:.1f} s)")
+        predicted = auto.get("predicted_samples_per_s") or {}
+        if predicted:
+            lines.append("      predicted samples/s: " + ", ".join(f"{n} process{'es' if n != '1' else ''} {v:.1f}"
+                                                                    for n, v in predicted.items()))
     c = report.get("decoded_cache")
     if c is not None:
         saved = "" if c["decode_s_saved"] is None else f", about {c['decode_s_saved']:.1f} s of decoding saved"

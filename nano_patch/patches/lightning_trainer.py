@@ -64,7 +64,11 @@ class LightningTrainerPatch(Patch):
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             nano = {k: kwargs.pop(k) for k in NANO_ARGS if k in kwargs}
             legacy = pop_legacy(kwargs)
-            original(self, *args, **translate(pl, kwargs, nano, legacy))
+            pending: list[Any] = []
+            kwargs = translate(pl, kwargs, nano, legacy, pending)
+            original(self, *args, **kwargs)
+            if pending:  # num_processes="auto": decided at fit, from a measurement (train/auto_trainer.py)
+                self._nano_auto = pending[0].with_connector(type(self), original, kwargs)
 
         __init__.__signature__ = _signature(original)  # type: ignore[attr-defined]
         __init__.__doc__ = _docstring(original.__doc__)
@@ -133,9 +137,13 @@ def _noting_fit(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict
     shutdown.destroy_at_clean_exit()  # a process group this fit starts is destroyed at a clean exit
 
     model = args[0] if args else kwargs.get("model")
+    channels_last = any(type(c).__name__.startswith("ChannelsLast") and type(c).__module__ == callbacks.__name__
+                        for c in instance.callbacks)
+    if "_nano_auto" in vars(instance):  # before Lightning's launcher starts any rank
+        from ..train import auto_trainer
+
+        auto_trainer.decide_at_fit(instance, vars(instance).pop("_nano_auto"), model, args, kwargs, channels_last)
     if model is not None:
-        channels_last = any(type(c).__name__.startswith("ChannelsLast") and type(c).__module__ == callbacks.__name__
-                            for c in instance.callbacks)
         exit_notices.note_training("Trainer", model, str(instance.precision),
                                    channels_last and callbacks.has_conv2d(model))
     try:
@@ -146,14 +154,15 @@ def _noting_fit(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict
 
 
 def translate(pl: ModuleType, kwargs: dict[str, Any], nano: dict[str, Any],
-              legacy: dict[str, Any] | None = None) -> dict[str, Any]:
+              legacy: dict[str, Any] | None = None, pending: list[Any] | None = None) -> dict[str, Any]:
     """Turn BigDL-Nano's arguments (and the run-level defaults) into stock Trainer arguments.
 
     ``nano``: the nano arguments given to this ``Trainer(...)`` call; ``legacy``: BigDL-Nano and
     Lightning 1.x arguments (``train/legacy.py``). A run-level setting (``patch_torch()`` option,
     ``nano-patch run`` flag, ``NANO_PATCH_*``) wins over the stock arguments a script passes
     (``devices=1``, ``precision=32``), with a log line; two arguments of this very call that
-    contradict each other are an error.
+    contradict each other are an error. ``num_processes="auto"`` builds one process and appends to ``pending``
+    what deciding it at ``fit`` needs (``train/auto_trainer.py``).
     """
     import torch
 
@@ -163,8 +172,9 @@ def translate(pl: ModuleType, kwargs: dict[str, Any], nano: dict[str, Any],
     from ..train import strategy as strategy_mod
     from ..train.training_plan import resolve_plan
 
-    plan = resolve_plan(nano, what="Trainer argument")
-    start_method = legacy_mod.translate(kwargs, legacy or {}, plan.multi_instance, torch.cuda.is_available())
+    plan = resolve_plan(nano, what="Trainer argument", defer_auto=pending is not None)
+    start_method = legacy_mod.translate(kwargs, legacy or {}, plan.multi_instance or plan.auto,
+                                        torch.cuda.is_available())
     precision = kwargs.get("precision")
     if isinstance(precision, str) and precision.strip().lower() == "bf16":
         kwargs["precision"] = precision = "bf16-mixed"
@@ -177,11 +187,18 @@ def translate(pl: ModuleType, kwargs: dict[str, Any], nano: dict[str, Any],
     if str(kwargs.get("precision", "")).startswith("bf16") and kwargs.get("accelerator", "cpu") == "cpu":
         warn_bf16_once()
 
+    # LightningCLI passes every signature argument, the unset ones as None.
+    run_level = nano.get("num_processes") is None and nano.get("cpu_for_each_process") is None
     if plan.multi_instance:
-        # LightningCLI passes every signature argument, the unset ones as None.
-        run_level = nano.get("num_processes") is None and nano.get("cpu_for_each_process") is None
         kwargs = _multi_instance(pl, kwargs, plan.num_processes, plan.cpu_for_each_process, strategy_mod,
                                  run_level, start_method)
+    elif plan.auto and pending is not None:
+        from ..train import auto_trainer
+
+        multi = functools.partial(_multi_instance, pl, strategy_mod=strategy_mod, run_level=run_level,
+                                  start_method=start_method)
+        pending.append(auto_trainer.AutoRequest(pl.__name__, multi, auto_trainer.skip_reason(
+            kwargs, run_level, start_method, strategy_mod.strategy_class(pl), _REPLACEABLE_STRATEGIES)))
 
     extra_callbacks = []
     if plan.channels_last:
@@ -206,6 +223,8 @@ def _describe(kwargs: dict[str, Any], plan: Any) -> str:
     parts = [f"precision={kwargs.get('precision', '32-true')}"]
     if plan.multi_instance:
         parts.append(f"{plan.num_processes} pinned CPU processes")
+    elif plan.auto:
+        parts.append("num_processes='auto', decided at fit")
     if plan.channels_last:
         parts.append("channels-last")
     if plan.auto_lr:
@@ -253,6 +272,10 @@ def _multi_instance(pl: ModuleType, kwargs: dict[str, Any], n: int, cores: Any, 
     kwargs["accelerator"], kwargs["devices"] = "cpu", n
     kwargs["strategy"] = cls(cpu_for_each_process=[list(c) for c in cores] if cores else None,
                              start_method=start_method)
+    if start_method != "popen":
+        from ..train import warm_start
+
+        warm_start.stop()  # only the script re-run starts its ranks through the rank entry
     log.warning(
         "nano-patch: %d CPU processes per node; the effective batch size is %d x the DataLoader batch size",
         n, n * int(kwargs.get("num_nodes", 1) or 1),

@@ -69,8 +69,13 @@ def fabric_arguments(plan: TrainingPlan, fabric_kwargs: dict[str, Any], start_me
             raise ConfigError(f"num_processes={n} and strategy={kwargs['strategy']!r} conflict; "
                               "num_processes uses nano-patch's pinned-core DDP strategy")
         cls = strategy_mod.fabric_strategy_class(_fabric)
+        start_method = start_method or default_start_method()
         kwargs.update(accelerator="cpu", devices=n, strategy=cls(
-            cpu_for_each_process=plan.cpu_for_each_process, start_method=start_method or default_start_method()))
+            cpu_for_each_process=plan.cpu_for_each_process, start_method=start_method))
+        if start_method != "popen":
+            from . import warm_start
+
+            warm_start.stop()  # only the script re-run starts its ranks through the rank entry
         log.warning("nano-patch: %d CPU processes per node; the effective batch size is %d x the DataLoader "
                     "batch size", n, n * int(kwargs.get("num_nodes", 1) or 1))
     else:

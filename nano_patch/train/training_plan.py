@@ -6,6 +6,7 @@ An explicit argument wins over the ``patch_torch()`` option, which wins over ``N
 from __future__ import annotations
 
 import functools
+import logging
 import sys
 import warnings
 from collections.abc import Mapping
@@ -15,6 +16,8 @@ from typing import Any
 from .. import config
 from ..config import ConfigError, validate
 from ..registry import NanoPatchWarning
+
+log = logging.getLogger("nano_patch")
 
 NANO_ARGS = ("num_processes", "cpu_for_each_process", "precision", "channels_last", "auto_lr")
 
@@ -28,6 +31,8 @@ class TrainingPlan:
     precision: str | None  # "32", "bf16", or None for the framework's default
     channels_last: bool
     auto_lr: bool | dict[str, Any]
+    #: ``num_processes="auto"`` not decided yet: it is, at ``Trainer.fit`` (``train/instance_count.py``)
+    auto: bool = False
 
     @property
     def multi_instance(self) -> bool:
@@ -38,10 +43,15 @@ class TrainingPlan:
         return self.auto_lr.get("warmup_epochs") if isinstance(self.auto_lr, dict) else None
 
 
-def resolve_plan(given: Mapping[str, Any], what: str = "argument") -> TrainingPlan:
-    """Validate the nano arguments in ``given`` (a subset of :data:`NANO_ARGS`) over the defaults in force."""
+def resolve_plan(given: Mapping[str, Any], what: str = "argument", defer_auto: bool = False) -> TrainingPlan:
+    """Validate the nano arguments in ``given`` (a subset of :data:`NANO_ARGS`) over the defaults in force.
+
+    ``defer_auto``: the caller decides ``num_processes="auto"`` later, from a measurement (the Trainer, at ``fit``):
+    the plan says one process and ``auto``. Elsewhere ``auto`` is 1 process, as nothing can be measured before the
+    ranks start.
+    """
     from .. import exit_notices
-    from . import topology
+    from . import instance_count, topology
 
     opts = config.current()
     exit_notices.note_picked_up(what)
@@ -55,16 +65,33 @@ def resolve_plan(given: Mapping[str, Any], what: str = "argument") -> TrainingPl
                 "give one, or make them match"
             )
         n = len(cores)
+    auto = False
     if n == "auto":
-        # Under torchrun or srun the ranks already exist: take as many as were launched on this node.
-        n = topology.launched_ranks_per_node() or topology.auto_num_processes()
+        # Under torchrun or srun the ranks already exist: take as many as were launched on this node. In a rank that
+        # Lightning started, and in a later Trainer of the process that measured, take the count it chose.
+        n = topology.launched_ranks_per_node() or instance_count.decided()
+        if n is None:
+            n, auto = 1, defer_auto
+            if not defer_auto:
+                _auto_needs_a_trainer(what)
     return TrainingPlan(
         num_processes=n,
         cpu_for_each_process=[list(c) for c in cores] if cores is not None else None,
         precision=values.get("precision", opts.precision),
         channels_last=values.get("channels_last", opts.channels_last),
         auto_lr=values.get("auto_lr", opts.auto_lr),
+        auto=auto,
     )
+
+
+@functools.cache
+def _auto_needs_a_trainer(what: str) -> None:
+    from . import warm_start
+
+    warm_start.stop()  # no rank will start for this auto
+    log.warning("nano-patch: num_processes='auto' (%s) runs 1 process here: auto is decided from a measurement of "
+                "the model at Trainer.fit, and TorchNano and @nano start their ranks before the model is known; "
+                "give num_processes=N to run N", what)
 
 
 def default_start_method() -> str:
