@@ -279,3 +279,41 @@ def test_a_private_generators_draws_come_from_its_own_state(mod):
             g.set_state(torch.get_rng_state())
         assert stream.crop((300, 400), (64, 64)) == tuple(want)
     assert torch.equal(stream.torch_state(), g.get_state()) and torch.equal(torch.get_rng_state(), before)
+
+
+def test_a_run_handed_back_keeps_another_threads_draws(mod):
+    """A run's draws are handed back to torch's generator only where it did not move since the copy, and then by
+    moving it on, under its own lock, by the run's count of outputs: whatever another thread drew meanwhile (its
+    ops release the GIL), torch's generator ends where all the draws, the run's and the thread's, leave it."""
+    import threading
+    import time
+
+    stop, drawn = threading.Event(), [0]
+
+    def other() -> None:
+        while not stop.is_set():
+            torch.rand(1)
+            drawn[0] += 1
+
+    torch.manual_seed(0)
+    start = torch.get_rng_state()
+    thread = threading.Thread(target=other)
+    thread.start()
+    runs = retries = 0
+    until = time.perf_counter() + 1.0
+    while time.perf_counter() < until:
+        while True:
+            draws = torch_draws.start(mod)
+            for _ in range(20):
+                draws.below(0.5)
+            if draws.to_torch_unless_moved():
+                break
+            retries += 1
+        runs += 1
+    stop.set()
+    thread.join()
+    g = torch.Generator()
+    g.set_state(start)
+    torch.empty(20 * runs + drawn[0], dtype=torch.int32).random_(generator=g)  # one output each
+    assert drawn[0] > 0 and runs > 0
+    assert torch.equal(g.get_state(), torch.get_rng_state())

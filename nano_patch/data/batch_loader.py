@@ -350,6 +350,8 @@ def _draw(run: _Run, entries: list[tuple[Any, Any]], k0: int, copy: bool) -> _Dr
                     _draw_sample(job, transform, draws, shared)
                     if program is not None:
                         program.resync()  # (the plan drew this sample from the program's generator copy)
+            except torch_draws.GeneratorMoved:
+                return None  # (nothing written back: the caller draws the run again)
             except Exception as exc:  # noqa: BLE001 - stock's own code loads this sample, from its state before it
                 if states is not None:
                     _restore(states)

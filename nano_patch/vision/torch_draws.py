@@ -28,6 +28,8 @@ import numpy as np
 
 #: words of a draw state: the twister's 624, then ``left`` and ``next`` as torch keeps them
 STATE_WORDS = 626
+#: outputs a run's draws may take from torch's generator (a batch takes about 20 a sample)
+WORDS_LIMIT = 1 << 22
 
 #: whether the installed torch's float32 uniform_ fuses its multiply and add (found by :func:`check`)
 _fused = False
@@ -66,13 +68,17 @@ def defaults_are_stock() -> bool:
     return torch.get_default_dtype() is torch.float32 and torch.get_default_device().type == "cpu"
 
 
+class GeneratorMoved(Exception):
+    """Another thread drew from torch's generator while a run's draws were made from a copy of it."""
+
+
 class TorchDraws:
     """A copy of torch's default generator that the draw step draws from, then hands back to torch.
 
     Not shared between threads: one per batch run, in the thread that draws.
     """
 
-    __slots__ = ("_n", "_st", "_template", "fused")
+    __slots__ = ("_n", "_st", "_start", "_template", "fused")
 
     def __init__(self, fused: bool, n: Any) -> None:
         """``n``: the extension module, once ``native`` has checked this kernel (``native.kernel("torch_draws")``)."""
@@ -96,6 +102,7 @@ class TorchDraws:
         """Take ``state`` (a torch CPU generator's state tensor) as this copy's state."""
         self._template = state.clone()
         self._n.draws_load(self._template.numpy(), self._st)
+        self._start = self._st.copy()
 
     @property
     def kernel(self) -> Any:
@@ -113,6 +120,7 @@ class TorchDraws:
 
         self._template = torch.get_rng_state()
         self._n.draws_load(self._template.numpy(), self._st)
+        self._start = self._st.copy()
 
     def to_torch(self) -> None:
         """Leave torch's generator where these draws have brought it."""
@@ -122,13 +130,22 @@ class TorchDraws:
         torch.set_rng_state(self._template)
 
     def to_torch_unless_moved(self) -> bool:
-        """:meth:`to_torch`, where torch's generator still stands where this copy was taken (True); else nothing
-        (False): another thread drew from it meanwhile, so these draws are not the ones stock's would make now."""
+        """Leave torch's generator where these draws have brought it, where it still stood where this copy was taken
+        (True); else nothing (False): another thread drew from it meanwhile, and these draws are not the ones stock's
+        would make now. Torch's generator is moved on by the draws' count of outputs in one locked operation of its
+        own (``random_`` of an int32 tensor: one output each, checked with the kernel), not set: a draw another
+        thread makes between the comparison and the move is kept, and torch's generator ends where stock's draws,
+        all of them, would leave it."""
         import torch
 
-        if not torch.equal(torch.get_rng_state(), self._template):
+        now = torch.default_generator.get_state()
+        if not np.array_equal(now.numpy(), self._template.numpy()):
             return False
-        self.to_torch()
+        n = self._n.draws_words_since(self._start, self._st, WORDS_LIMIT)
+        if n < 0:  # (not reached from the start by a run's draws: never expected)
+            self.to_torch()
+        elif n:
+            torch.empty(n, dtype=torch.int32).random_()
         return True
 
     def torch_state(self) -> Any:
@@ -139,8 +156,11 @@ class TorchDraws:
 
     @contextlib.contextmanager
     def lent(self) -> Iterator[None]:
-        """Torch's own draws for a while (stock's ``get_params``), from this state and back into it."""
-        self.to_torch()
+        """Torch's own draws for a while (stock's ``get_params``), from this state and back into it. Raises
+        :class:`GeneratorMoved` (nothing written) where another thread drew from torch's generator since the copy
+        was taken: the caller draws its run again from where the generator stands."""
+        if not self.to_torch_unless_moved():
+            raise GeneratorMoved("another thread drew from torch's generator during the draws")
         try:
             yield
         finally:
@@ -238,6 +258,15 @@ def _check_primitives(n: Any, fused: bool) -> str:
     n.draws_store(st, back.numpy())
     if not torch.equal(back, g.get_state()):
         return "torch's generator state after the draws differs from the native one"
+    # the draws' count of outputs, and an int32 tensor's random_ of that many, move torch's generator where they
+    # did (how a run's draws are handed back: TorchDraws.to_torch_unless_moved)
+    moved = torch.Generator().manual_seed(4242)
+    count = n.draws_words_since(_state_of(n, moved), st, WORDS_LIMIT)
+    if count < 0:
+        return "the native draws' count of outputs was not found"
+    torch.empty(count, dtype=torch.int32).random_(generator=moved)
+    if not torch.equal(moved.get_state(), g.get_state()):
+        return "an int32 random_ of the draws' count of outputs does not move torch's generator where they did"
     return ""
 
 

@@ -229,6 +229,48 @@ done:
     return result;
 }
 
+/* draws_words_since(start, st) -> int: how many 32-bit outputs take the twister from the state ``start`` to the
+   state ``st`` (both draw states), or -1 where ``st`` is not within ``limit`` outputs of it. The caller moves
+   torch's own generator on by that many outputs in one locked operation (an int32 tensor's random_()), so that a
+   draw another thread made from it meanwhile is kept rather than written over. */
+static PyObject *py_draws_words_since(PyObject *self, PyObject *args) {
+    PyObject *aobj, *bobj;
+    long long limit;
+    if (!PyArg_ParseTuple(args, "OOL", &aobj, &bobj, &limit))
+        return NULL;
+    state_arg a, b;
+    if (get_state(aobj, &a) < 0)
+        return NULL;
+    if (get_state(bobj, &b) < 0) {
+        PyBuffer_Release(&a.buf);
+        return NULL;
+    }
+    uint32_t *t = (uint32_t *)PyMem_Malloc(ST_WORDS * sizeof(uint32_t));
+    long long n = -1;
+    if (t == NULL) {
+        PyErr_NoMemory();
+    } else {
+        memcpy(t, a.s, ST_WORDS * sizeof(uint32_t));
+        for (long long k = 0; k <= limit; k++) {
+            /* (the words change only where the twister turns over: compared where the position agrees) */
+            if (t[ST_LEFT] == b.s[ST_LEFT] && t[ST_NEXT] == b.s[ST_NEXT] &&
+                memcmp(t, b.s, MT_N * sizeof(uint32_t)) == 0) {
+                n = k;
+                break;
+            }
+            if (--t[ST_LEFT] == 0)
+                mt_twist(t);
+            t[ST_NEXT]++;
+        }
+        PyMem_Free(t);
+    }
+    PyBuffer_Release(&a.buf);
+    PyBuffer_Release(&b.buf);
+    if (PyErr_Occurred())
+        return NULL;
+    return PyLong_FromLongLong(n);
+}
+
 /* draws_uniform(st, from, to, fused) -> float, or None where torch would raise. */
 static PyObject *py_draws_uniform(PyObject *self, PyObject *args) {
     PyObject *sobj;
@@ -480,6 +522,8 @@ fail:
 PyMethodDef nano_draws_methods[] = {
     {"draws_load", py_draws_load, METH_VARARGS, "draws_load(torch_state, st): torch.get_rng_state()'s bytes in."},
     {"draws_store", py_draws_store, METH_VARARGS, "draws_store(st, torch_state): the state back into torch's bytes."},
+    {"draws_words_since", py_draws_words_since, METH_VARARGS,
+     "draws_words_since(start, st, limit): the 32-bit outputs from state start to st, or -1 beyond limit."},
     {"draws_uniform", py_draws_uniform, METH_VARARGS, "draws_uniform(st, from, to, fused): a float32 uniform_."},
     {"draws_randint", py_draws_randint, METH_VARARGS, "draws_randint(st, low, high): torch.randint(low, high)."},
     {"draws_below", py_draws_below, METH_VARARGS, "draws_below(st, p): torch.rand(1) < p."},
