@@ -77,6 +77,8 @@ class Job:
     native: oprunner.NativeRun | None = None
     #: the array is the decoded-image cache's (a hit)
     hit: bool = False
+    #: seconds the decoded-image cache's look-up took in the draw (None: no cache)
+    lookup_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -463,8 +465,9 @@ def _store_misses(store: cache.Store, jobs: list[Job], outcomes: list[tuple[bool
                 start = time.perf_counter()
                 source.record_miss(store, job.material, r.decoded, r.decode_s, r.reproducible)
                 seconds += (time.perf_counter() - start) * n_threads
-        if budget is not None:
-            budget.seen(fill.HIT if job.hit else fill.FILLED if job.material is not None else fill.UNCACHED, seconds)
+        if budget is not None:  # (the look-up was made in the calling thread, as the write)
+            budget.seen(fill.HIT if job.hit else fill.FILLED if job.material is not None else fill.UNCACHED, seconds,
+                        job.lookup_s * n_threads)
 
 
 def _one_reusing(one: Callable[[int], Any], k: int, job: Job) -> Any:
@@ -536,11 +539,15 @@ def _source(path: Any, store: cache.Store | None, crop_window: bool, index: file
     """
     material = None  # a miss to store, or None
     if store is not None:
+        start = time.perf_counter()
         found = source.look_up(store, path, index=index, size_rule=_quiet_size_rule if quiet else _guarded_size_rule,
                                budget=store.fill_budget)
         if found.kind == source.HIT:  # stock's size rule applied, as its open of the file
-            return Job(ARRAY, path, None, array=found.array, hit=True)
+            return Job(ARRAY, path, None, array=found.array, hit=True, lookup_s=time.perf_counter() - start)
         material = found.material
+        lookup_s = time.perf_counter() - start
+    else:
+        lookup_s = 0.0
     if material is None and headers is not None:
         indexed = headers.size_of(path)
         if indexed is not None:  # a plain, whole JPEG, unchanged: its open checks come down to the size rule
@@ -548,7 +555,7 @@ def _source(path: Any, store: cache.Store | None, crop_window: bool, index: file
                 if quiet:
                     raise _OneByOne("an image above PIL's size limit")
                 _guard(decode.check_size, *indexed)
-            return Job(JPEG_WINDOW if crop_window else DECODE, path, None, size=indexed)
+            return Job(JPEG_WINDOW if crop_window else DECODE, path, None, size=indexed, lookup_s=lookup_s)
     identity = file_index.identity_of(path) if material is None and headers is not None else None
     data = decode.read_bytes(path)
     size = decode.jpeg_size(data)
@@ -570,10 +577,10 @@ def _source(path: Any, store: cache.Store | None, crop_window: bool, index: file
         a, reproducible = decode.decode_rgb_reproducibly(path, data=data)
         if material is not None:
             source.record_miss(store, material, a, time.perf_counter() - start, reproducible)
-        return Job(ARRAY, path, None, array=a, data=data)
+        return Job(ARRAY, path, None, array=a, data=data, lookup_s=lookup_s)
     if material is None and crop_window:
-        return Job(JPEG_WINDOW, path, None, data=data, size=size)
-    return Job(DECODE, path, None, data=data, size=size, material=material)
+        return Job(JPEG_WINDOW, path, None, data=data, size=size, lookup_s=lookup_s)
+    return Job(DECODE, path, None, data=data, size=size, material=material, lookup_s=lookup_s)
 
 
 def _read_indexed(job: Job, data: bytes | None = None) -> None:
