@@ -1,4 +1,4 @@
-"""``--loader-threads auto`` (``data/loader_pool.py``'s AutoThreads): the count comes from the throughput the process
+"""``--loader-threads auto`` (``data/auto_threads.py``): the count comes from the throughput the process
 measures, never a count slower than fewer threads, and it holds at many cores.
 
 The loader is simulated: each batch's time comes from a model of images/s by thread count, times a drift over
@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 
 import nano_patch
-from nano_patch.data import loader_pool
+from nano_patch.data import auto_threads, loader_pool
 
 Rate = Callable[[int, int], float]  # images/s on n threads at batch b
 
@@ -27,7 +27,7 @@ class _Loader:
     """A simulated loader feeding ``auto``: batch b (numbered through the run) loads on n threads at
     ``rate_of(n, b)`` images/s, times a seeded uniform draw in 1 +- ``noise``."""
 
-    def __init__(self, auto: loader_pool.AutoThreads, rate_of: Rate, noise: float = 0.0, seed: int = 0) -> None:
+    def __init__(self, auto: auto_threads.AutoThreads, rate_of: Rate, noise: float = 0.0, seed: int = 0) -> None:
         self.auto, self.rate_of, self.noise = auto, rate_of, noise
         self.draws, self.batches = random.Random(seed), 0
 
@@ -51,7 +51,7 @@ class _Loader:
         return used
 
 
-def _drive(auto: loader_pool.AutoThreads, rate_of: Rate, batches: int, noise: float = 0.0,
+def _drive(auto: auto_threads.AutoThreads, rate_of: Rate, batches: int, noise: float = 0.0,
            seed: int = 0) -> list[int]:
     """``batches`` batches of a fresh simulated loader; the counts used."""
     return _Loader(auto, rate_of, noise, seed).load(batches)
@@ -82,18 +82,18 @@ DRIFTS: dict[str, Callable[[dict[int, float]], Rate]] = {
 }
 
 
-def _first_check(auto: loader_pool.AutoThreads) -> int:
+def _first_check(auto: auto_threads.AutoThreads) -> int:
     return auto.RECHECK_BATCHES
 
 
 def test_it_starts_on_every_usable_core_and_measures_nothing_for_a_short_run():
     """A 40-batch run (a short fine-tuning epoch) loads every batch on every usable core: no window of fewer
     threads costs it anything."""
-    auto = loader_pool.AutoThreads(16)
+    auto = auto_threads.AutoThreads(16)
     assert auto.ladder == [1, 2, 4, 8, 16] and auto.current() == 16 and not auto.climbing
     used = _drive(auto, _steady(PEAK_AT_8), 40)
     assert used == [16] * 40 and not auto.rates
-    two = loader_pool.AutoThreads(2)
+    two = auto_threads.AutoThreads(2)
     assert _drive(two, _steady({1: 1000, 2: 1600}), 40) == [2] * 40
 
 
@@ -102,7 +102,7 @@ def test_it_steps_down_where_fewer_threads_are_faster_and_stays_there(drift):
     def cold_start(n: int, b: int) -> float:
         return COLD_START[n] if b < 30 else PEAK_AT_8[n]
 
-    auto = loader_pool.AutoThreads(16)
+    auto = auto_threads.AutoThreads(16)
     loader = _Loader(auto, DRIFTS[drift](PEAK_AT_8) if drift in DRIFTS else cold_start)
     assert set(loader.load(_first_check(auto))) == {16}
     loader.settle()
@@ -119,13 +119,13 @@ def test_with_noise_it_ends_within_the_margin_of_the_best_count(drift):
     # and never on one slower than 1 thread
     best, ends = max(PEAK_AT_8.values()), []
     for seed in range(200):
-        auto = loader_pool.AutoThreads(16)
+        auto = auto_threads.AutoThreads(16)
         loader = _Loader(auto, DRIFTS[drift](PEAK_AT_8), noise=0.1, seed=seed)
         loader.load(_first_check(auto))
         loader.settle()
         ends.append(auto.current())
     assert all(PEAK_AT_8[n] > PEAK_AT_8[1] for n in ends)
-    off = [n for n in ends if PEAK_AT_8[n] < best * (1 - loader_pool.AutoThreads.MARGIN)]
+    off = [n for n in ends if PEAK_AT_8[n] < best * (1 - auto_threads.AutoThreads.MARGIN)]
     assert len(off) <= 6, off
 
 
@@ -133,7 +133,7 @@ def test_with_noise_it_ends_within_the_margin_of_the_best_count(drift):
 @pytest.mark.parametrize("noise", [0.0, 0.1])
 def test_two_cores_keep_two_threads_where_they_pay(drift, noise):
     for seed in range(20):
-        auto = loader_pool.AutoThreads(2)
+        auto = auto_threads.AutoThreads(2)
         loader = _Loader(auto, DRIFTS[drift]({1: 1000, 2: 1600}), noise=noise, seed=seed)
         used = loader.load(_first_check(auto))
         loader.settle()
@@ -145,7 +145,7 @@ def test_two_cores_keep_two_threads_where_they_pay(drift, noise):
 def test_where_more_threads_are_always_slower_it_descends_to_one(drift, noise):
     slower = {1: 1000, 2: 960, 4: 900, 8: 800, 16: 600}
     for seed in range(20):
-        auto = loader_pool.AutoThreads(16)
+        auto = auto_threads.AutoThreads(16)
         loader = _Loader(auto, DRIFTS[drift](slower), noise=noise, seed=seed)
         loader.load(_first_check(auto))
         loader.settle()
@@ -154,7 +154,7 @@ def test_where_more_threads_are_always_slower_it_descends_to_one(drift, noise):
 
 
 def test_a_recheck_after_the_load_changes_moves_toward_the_new_best():
-    auto = loader_pool.AutoThreads(16)
+    auto = auto_threads.AutoThreads(16)
     loader = _Loader(auto, _steady(PEAK_AT_8))
     loader.load(_first_check(auto))
     loader.settle()
@@ -170,7 +170,7 @@ def test_a_recheck_after_the_load_changes_moves_toward_the_new_best():
 
 
 def test_a_held_count_is_checked_less_and_less_often():
-    auto = loader_pool.AutoThreads(2)
+    auto = auto_threads.AutoThreads(2)
     loader = _Loader(auto, _steady({1: 1000, 2: 1600}))
     gaps, last, checks = [], 0, 0
     while len(gaps) < 6:
@@ -184,13 +184,13 @@ def test_a_held_count_is_checked_less_and_less_often():
 
 
 def test_it_holds_at_every_core_while_more_threads_pay():
-    auto = loader_pool.AutoThreads(16)
+    auto = auto_threads.AutoThreads(16)
     used = _drive(auto, lambda n, b: 300 * n, 600)
     assert auto.current() == 16 and set(used) == {8, 16}
 
 
 def test_a_count_within_the_margin_of_the_one_above_is_not_taken_up():
-    auto = loader_pool.AutoThreads(4)
+    auto = auto_threads.AutoThreads(4)
     loader = _Loader(auto, _steady({1: 1000, 2: 3000, 4: 2000}))  # 2 is best: the check goes down to it
     loader.load(_first_check(auto))
     loader.settle()
@@ -202,7 +202,7 @@ def test_a_count_within_the_margin_of_the_one_above_is_not_taken_up():
 
 
 def test_the_first_batch_on_a_count_and_a_batch_from_before_a_change_are_not_counted():
-    auto = loader_pool.AutoThreads(4)
+    auto = auto_threads.AutoThreads(4)
     for _ in range(auto.RECHECK_BATCHES):
         auto.record(4, 64, 0.1)
     assert auto.climbing and auto.current() == 4  # the check's first window: the kept count
@@ -215,7 +215,7 @@ def test_the_first_batch_on_a_count_and_a_batch_from_before_a_change_are_not_cou
 
 
 def test_a_window_lasts_its_batches_and_its_seconds():
-    auto = loader_pool.AutoThreads(2)
+    auto = auto_threads.AutoThreads(2)
     for _ in range(auto.RECHECK_BATCHES):
         auto.record(2, 64, 0.01)
     auto.record(2, 64, 0.01)  # uncounted
@@ -228,7 +228,7 @@ def test_a_window_lasts_its_batches_and_its_seconds():
 
 
 def test_threads_recording_at_once_leave_it_consistent():
-    auto = loader_pool.AutoThreads(16)
+    auto = auto_threads.AutoThreads(16)
 
     def load() -> None:
         for _ in range(3000):
@@ -247,9 +247,9 @@ def test_threads_recording_at_once_leave_it_consistent():
 
 def test_the_loader_starts_on_every_core_then_measures_its_batches(image_folder, monkeypatch):
     monkeypatch.setattr(loader_pool, "usable_cores", lambda: 2)
-    monkeypatch.setattr(loader_pool.AutoThreads, "WINDOW_SECONDS", 0.0)
-    monkeypatch.setattr(loader_pool.AutoThreads, "WINDOW_BATCHES", 2)
-    monkeypatch.setattr(loader_pool.AutoThreads, "RECHECK_BATCHES", 3)
+    monkeypatch.setattr(auto_threads.AutoThreads, "WINDOW_SECONDS", 0.0)
+    monkeypatch.setattr(auto_threads.AutoThreads, "WINDOW_BATCHES", 2)
+    monkeypatch.setattr(auto_threads.AutoThreads, "RECHECK_BATCHES", 3)
     nano_patch.patch_torch()  # loader_threads="auto"
     ds = ImageFolder(str(image_folder), transform=T.Compose([T.Resize(40), T.CenterCrop(32), T.ToTensor()]))
     assert loader_pool.threads() == 2  # every usable core from the first batch

@@ -117,21 +117,21 @@ def test_num_workers_0_defers_an_erasing_tail_with_its_draws_in_the_batch_path(i
     """num_workers=0: the batch's draw step makes each sample's erasers' draws after its other draws, as stock
     does; the samples render on the loader's threads (v1); the batches after the transfer, and the generator
     after the run, are stock's."""
-    from nano_patch.data import loader_pool
+    from nano_patch.data import render_pool
 
     ds = _dataset(image_folder, _pipeline(kind, erase, p=0.6))
     stock = _load(ds, 0)
     stock_state = torch.get_rng_state()
     nano_patch.patch_torch(loader_threads=2)
     threaded = []
-    real = loader_pool.map_outcomes
+    real = render_pool.map_outcomes
 
     def counted(fn, items, n_threads, state=None):
         items = list(items)
         threaded.append(len(items))
         return real(fn, items, n_threads, state)
 
-    monkeypatch.setattr(loader_pool, "map_outcomes", counted)
+    monkeypatch.setattr(render_pool, "map_outcomes", counted)
     _assert_same(stock, _deferred_then_moved(ds, 0, monkeypatch))
     assert torch.equal(torch.get_rng_state(), stock_state)
     if kind.startswith("v1"):  # every batch on the batch path, every sample in it

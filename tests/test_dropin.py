@@ -25,7 +25,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 import nano_patch
-from nano_patch.data import batch_loader, loader_pool
+from nano_patch.data import batch_loader, render_pool
 from nano_patch.vision import compose_plan
 
 
@@ -319,7 +319,7 @@ def test_the_pool_threads_get_their_own_state_back(image_folder):
     ds = ImageFolder(str(image_folder), transform=T.Compose([T.RandomResizedCrop(48), T.ToTensor()]))
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.float16):
         list(DataLoader(ds, batch_size=6))
-    pool = loader_pool._executor(2)
+    pool = render_pool._executor(2)
     states = {pool.submit(_state_now).result() for _ in range(6)}
     assert states == {(True, False, False, None, True, True)}
     assert {pool.submit(torch.get_autocast_dtype, "cpu").result() for _ in range(6)} == {torch.bfloat16}

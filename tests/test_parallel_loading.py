@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Subset
 
 import nano_patch
 from nano_patch import sysinfo
-from nano_patch.data import loader_pool
+from nano_patch.data import loader_pool, render_pool
 from nano_patch.vision import compose_plan, oprunner
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
@@ -108,7 +108,7 @@ def _equal(stock, patched):
 def parallel_batches(monkeypatch):
     """Counts the batches that really rendered on more than one thread."""
     seen = []
-    real = loader_pool.map_outcomes
+    real = render_pool.map_outcomes
 
     def counted(fn, items, n_threads, state=None):
         items = list(items)
@@ -116,7 +116,7 @@ def parallel_batches(monkeypatch):
             seen.append(len(items))
         return real(fn, items, n_threads, state)
 
-    real_on_threads = loader_pool.run_on_threads
+    real_on_threads = render_pool.run_on_threads
 
     def counted_on_threads(fn, n_threads):  # a batch rendered by one native call per thread
         if n_threads > 1:
@@ -131,8 +131,8 @@ def parallel_batches(monkeypatch):
             seen.append(ran)
         return ran
 
-    monkeypatch.setattr(loader_pool, "map_outcomes", counted)
-    monkeypatch.setattr(loader_pool, "run_on_threads", counted_on_threads)
+    monkeypatch.setattr(render_pool, "map_outcomes", counted)
+    monkeypatch.setattr(render_pool, "run_on_threads", counted_on_threads)
     monkeypatch.setattr(oprunner.NativeBatch, "run_on", counted_run_on)
     return seen
 

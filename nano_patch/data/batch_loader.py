@@ -53,7 +53,7 @@ from ..vision import (
 from ..vision.cache import fill
 from ..vision.image import FastImage, plain
 from ..vision.tensor_tail import ErasedImage
-from . import collate, loader_pool, torch_state
+from . import collate, render_pool, torch_state
 
 #: A sample's pixels, as the draw found them: one of these kinds, with what the render needs.
 ARRAY, JPEG_WINDOW, DECODE = "array", "jpeg window", "decode"
@@ -393,7 +393,7 @@ def _render(run: _Run, drawn: _Drawn, n_threads: int) -> tuple[list[tuple[bool, 
     parallel = n_threads > 1 and len(jobs) > 1
     batch = _native_batch(jobs)
     if batch is None:
-        return loader_pool.map_outcomes(_render_job, jobs, n_threads,
+        return render_pool.map_outcomes(_render_job, jobs, n_threads,
                                         torch_state.capture() if parallel else None), 0.0
     # the native calls run no torch op (no thread enters the caller's torch state); where that state cannot be
     # held by another thread, the calling thread takes them all, as map_outcomes would
@@ -625,7 +625,7 @@ def _run_batch(batch: oprunner.NativeBatch, calls: int, n: int) -> float:
     # never the user's error: a sample a failed call did not render takes the Python path (_batch_outcomes)
     with contextlib.suppress(Exception):
         if not batch.run_on(calls):  # (native helpers: no helper takes the GIL; else the loader's threads)
-            loader_pool.run_on_threads(batch.run, calls)
+            render_pool.run_on_threads(batch.run, calls)
     return (time.perf_counter() - start) * calls / n
 
 
@@ -789,7 +789,7 @@ def _load_drawn(dataset: Any, owner: Any, entries: list[tuple[Any, Any]], draws:
         slots = tuple([job.native.slot_tensor for job in jobs])  # type: ignore[union-attr]
         collate.hand_over(jobs[0].native.batch, slots)  # type: ignore[union-attr]
         return list(zip(slots, targets))
-    outcomes = loader_pool.map_outcomes(_render_job, jobs, n_threads, torch_state.capture())
+    outcomes = render_pool.map_outcomes(_render_job, jobs, n_threads, torch_state.capture())
     if not all(ok for ok, _ in outcomes):
         return None
     if store is not None:
