@@ -132,17 +132,9 @@ def cuda_tests(tmp: Path) -> dict:
 
 
 def machine() -> str:
-    from train import _cpu_name
+    from gpu_feed import _machine  # the CPU, the usable cores and the GPU
 
-    name = f"{_cpu_name()}, {len(os.sched_getaffinity(0))} usable CPUs"
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            name += f", {torch.cuda.get_device_name(0)}"
-    except ImportError:
-        pass
-    return name
+    return _machine()
 
 
 def main() -> None:
