@@ -49,7 +49,11 @@ def _draws():
 
 
 def _by_plan(compose, hw, draws, shared):
-    """The plan's own path for one sample: its recording, prepared (or why it keeps the Python path)."""
+    """The plan's own path for one sample: its recording, prepared (or why it keeps the Python path). Torch's
+    generator is put where ``draws`` stands first: a draw the native copy declines is lent to torch's own code,
+    which the copy allows only from where it was taken (the tests keep two copies of one state)."""
+    torch.set_rng_state(draws.torch_state())
+    draws.from_torch()
     try:
         recording = compose_call.run_compose(compose, compose_plan.Recording(hw, draws=draws, shared=shared))
     except compose_plan.NotSplittable as exc:
