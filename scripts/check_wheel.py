@@ -13,8 +13,8 @@
 4. runs tests from a copy of ``tests/`` against the installed package: ``--tests smoke`` (CI) the kernel and
    crop-decode suites minus their slowest cases, ``kernels`` those suites whole, ``full`` the whole suite.
    Tests that rebuild the kernels from the C sources (sabotaged builds, a build without a compiler or without
-   libjpeg) need the source tree and a compiler, which this check takes away on purpose: they are deselected
-   and listed.
+   libjpeg) and the one that runs ``scripts/build-wheel`` need the source tree and a compiler, which this
+   check takes away on purpose: they are deselected and listed.
 """
 
 from __future__ import annotations
@@ -33,10 +33,11 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Program names that would let something compile: kept off PATH.
 COMPILERS = re.compile(r"^(cc|c89|c99|gcc|g\+\+|c\+\+|cpp|clang.*|tcc|zig|ld(\..*)?|as|.*-linux-gnu-.*|.*-gcc(-\d+)?"
                        r"|gcc-\d+|x86_64-.*|aarch64-.*)$")
-#: Tests that compile the kernels from the C sources in the test itself: deselected here (see the docstring).
+#: Tests that compile the kernels from the C sources in the test itself, or run the wheel build script: deselected
+#: here (see the docstring).
 NEEDS_SOURCE_AND_COMPILER = ("sabotaged", "refused_kernel_means", "refused_warp_means", "without_the_margin",
                              "without_the_minimum_band", "no_c_compiler", "without_libjpeg_the_install",
-                             "planted_in_a_cache_folder")
+                             "planted_in_a_cache_folder", "missing_nasm")
 KERNEL_TESTS = ("tests/test_native_kernels.py", "tests/test_crop_decode.py", "tests/test_warp_kernels.py",
                 "tests/test_wheel.py")
 #: --tests smoke: the kernel suites less their longest cases (each kernel still checked against PIL at load by
