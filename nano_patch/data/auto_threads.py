@@ -55,7 +55,7 @@ class AutoThreads:
             n *= 2
         self.ladder = [*ladder, cores]
         self.rates: dict[int, float] = {}  # each count's last window, in samples/s
-        self.kept = 0  # index into the ladder of the count kept
+        self.kept = len(self.ladder) - 1  # index into the ladder of the count kept: every usable core at first
         self.climbing = False  # a comparison is under way: the climb, or a recheck
         self.rechecks = 0
         self._in_use = self.ladder[-1]  # the count the next batch loads on (one attribute: read without the lock)
@@ -68,7 +68,6 @@ class AutoThreads:
         self._interval = self.RECHECK_BATCHES
         self._step = 1  # the way the comparison under way moves: +1 up the ladder, -1 down
         self._lock = threading.Lock()
-        self.kept = len(self.ladder) - 1
 
     def current(self) -> int:
         """The count the next batch loads on."""

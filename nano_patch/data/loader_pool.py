@@ -26,8 +26,6 @@ from .auto_threads import AutoThreads
 
 _lock = threading.Lock()
 _setting: int | str = "off"
-
-
 _auto: AutoThreads | None = None
 
 
@@ -58,8 +56,6 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
 
 
 def in_worker_process() -> bool:
