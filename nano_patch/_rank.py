@@ -15,15 +15,15 @@ import os
 import runpy
 import sys
 
-#: ``python -m nano_patch._rank --warm-interpreter SOCKET [MODULE ...]``: the warm interpreter (train/warm_start.py)
-WARM = "--warm-interpreter"
+#: nano-patch's own modules a rank imports when it patches: the warm interpreter imports them ahead.
+OWN = ("nano_patch.registry", "nano_patch.patches", "nano_patch.train.ranks")
 
 
 def main(argv: list[str]) -> None:
     from nano_patch.train import ranks, warm_start
 
-    if argv[:1] == [WARM]:
-        request = warm_start.serve(argv[1], argv[2:])
+    if argv[:1] == [warm_start.WARM_FLAG]:  # the warm interpreter (train/warm_start.py)
+        request = warm_start.serve(argv[1], argv[2:], OWN)
         if request is not None:  # a rank, forked: run as this entry would run it
             run(request["argv"])
         return

@@ -163,3 +163,14 @@ def test_lightnings_second_rank_starts_warm_and_trains_as_before(tmp_path):
     assert not set(r0["affinity"]) & set(r1["affinity"])
     w0, w1 = (torch.load(r["weights"], weights_only=True) for r in (r0, r1))
     assert all(torch.equal(w0[k], w1[k]) for k in w0)
+
+
+def test_stopping_removes_the_private_folder_of_the_socket(tmp_path, warm):
+    """The warm interpreter's socket and ready file live in a private folder of their own: once no rank will start
+    (``stop``), it is gone, so that runs leave nothing behind in the temporary directory."""
+    warm(_script(tmp_path, "print('ran')\n"))
+    folder = Path(os.environ[warm_start.WARM_ENV]).parent
+    assert (folder / "ready").exists()
+    warm_start.stop()
+    assert not folder.exists()
+    assert warm_start.WARM_ENV not in os.environ

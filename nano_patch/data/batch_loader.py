@@ -723,9 +723,9 @@ def why_not_drawn_apart(dataset: Any) -> str | None:
     why = why_not_split(transform)
     if why is not None:
         return why
-    plan = compose_plan.plan_for(transform)
-    if not plan.draws_natively:
-        return plan.not_drawn_natively() or "a step whose draws are not made natively"
+    why = compose_plan.plan_for(transform).not_drawn_natively()
+    if why is not None:
+        return why
     if not native.available("torch_draws") or not torch_draws.defaults_are_stock():
         return "torch's draws are not made natively here (nano-patch status: torch_draws)"
     from ..vision import loading

@@ -75,7 +75,7 @@ class LightningTrainerPatch(Patch):
         self.record.replace(Trainer, "__init__", __init__)
         self.record.replace(Trainer, "compile", staticmethod(compile_for(pl)))
         self.record.wrap(Trainer, "fit", _noting_fit)
-        # the tensor tail on the device: a loader Lightning's own loop iterates may hand its tensor tail to the device
+        # a loader Lightning's own loop iterates may hand its tensor tail to the device
         from ..train import tail_deferral
         fetchers = importlib.import_module(f"{self.target}.loops.fetchers")
         if "_run_stage" in vars(Trainer) and hasattr(fetchers, "_DataFetcher"):  # else: the tail stays on the CPU

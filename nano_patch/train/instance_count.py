@@ -302,11 +302,12 @@ def _interleave(timer: job_measure.StepTimer, figures: Figures, deadline: float,
     import psutil
 
     free = psutil.virtual_memory().available
+    per_copy = timer.memory_per_copy()
     for _ in range(ROUNDS):
         timed = False
         for n, t in sorted(figures.threads.items()):
             guess = figures.step_s.get(n) or figures.step_s.get(1, cold) * figures.cores / t
-            if time.perf_counter() + guess > deadline or (n - 1) * timer.memory_per_copy() > free / 2:
+            if time.perf_counter() + guess > deadline or (n - 1) * per_copy > free / 2:
                 continue
             if n == 1:
                 seconds, _ = timer.seconds(t, 1, 0.05, 0.05)

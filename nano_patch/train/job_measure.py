@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-#: Seconds a forked helper (the first batch, the all-reduce) may take before it is stopped.
+#: Seconds a forked child (the first batch, the all-reduce) may take before it is stopped.
 CHILD_TIMEOUT_S = 60.0
 
 
@@ -102,14 +102,14 @@ def _in_child(work: Callable[[], Any], timeout: float, what: str) -> Any:
     try:
         status, value = pickle.loads(data)
     except Exception as exc:  # noqa: BLE001 - the child died before it wrote (a crash in the user's dataset)
-        raise MeasureError(f"{what} failed: the helper process ended without a result") from exc
+        raise MeasureError(f"{what} failed: the child process ended without a result") from exc
     if status != "ok":
         raise MeasureError(f"{what} failed: {value}")
     return value
 
 
 def _quiet_child() -> None:
-    """In a forked helper: one torch thread (OpenMP's threads belong to the parent), no output, no report counts."""
+    """In a forked child: one torch thread (OpenMP's threads belong to the parent), no output, no report counts."""
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)

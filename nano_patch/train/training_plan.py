@@ -51,7 +51,6 @@ def resolve_plan(given: Mapping[str, Any], what: str = "argument", defer_auto: b
     ranks start.
     """
     from .. import exit_notices
-    from . import instance_count, topology
 
     opts = config.current()
     exit_notices.note_picked_up(what)
@@ -67,6 +66,8 @@ def resolve_plan(given: Mapping[str, Any], what: str = "argument", defer_auto: b
         n = len(cores)
     auto = False
     if n == "auto":
+        from . import instance_count, topology  # (only here: the measurement's modules are not loaded otherwise)
+
         # Under torchrun or srun the ranks already exist: take as many as were launched on this node. In a rank that
         # Lightning started, and in a later Trainer of the process that measured, take the count it chose.
         n = topology.launched_ranks_per_node() or instance_count.decided()

@@ -42,6 +42,7 @@ import json
 import logging
 import os
 import select
+import shutil
 import signal
 import socket
 import struct
@@ -60,14 +61,16 @@ WARM_ENV = "_NANO_PATCH_WARM"
 #: Packages the warm interpreter may import ahead: well-known frameworks whose import has no effect a user sees.
 PREIMPORT = ("torch", "torchvision", "torchaudio", "pytorch_lightning", "lightning", "lightning_fabric",
              "torchmetrics", "timm", "numpy", "PIL", "sklearn", "scipy")
-#: nano-patch's own modules a rank imports when it patches.
-OWN = ("nano_patch.registry", "nano_patch.patches", "nano_patch.train.ranks")
+#: ``python -m nano_patch._rank --warm-interpreter SOCKET [MODULE ...]``: the warm interpreter's command line.
+WARM_FLAG = "--warm-interpreter"
 #: Seconds a rank entry waits for the warm interpreter to take its rank (it may still be importing).
 READY_TIMEOUT_S = 30.0
 #: Signals the rank entry passes on to the rank.
 FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGCONT")
 
 _server: subprocess.Popen | None = None
+#: the private folder of the warm interpreter's socket and ready file (removed by :func:`stop`)
+_folder: str | None = None
 #: Set by ``nano-patch run``, which starts the warm interpreter itself, knowing the script.
 deferred = False
 
@@ -98,7 +101,7 @@ def _a_rank_or_helper() -> bool:
 def maybe_start(num_processes: Any, cpu_for_each_process: Any, script: str | None = None,
                 module: str | None = None) -> bool:
     """Start the warm interpreter for a run that asks for several processes (once); True if it started."""
-    global _server, _hook
+    global _server, _hook, _folder
     if _server is not None or not supported() or not wanted(num_processes, cpu_for_each_process) \
             or _a_rank_or_helper():
         return False
@@ -116,12 +119,12 @@ def maybe_start(num_processes: Any, cpu_for_each_process: Any, script: str | Non
     # What this process imported already, then what the script's top level imports; the rest as it is imported.
     modules = [m for m in PREIMPORT if m in sys.modules]
     modules += [m for m in heavy_imports(script, module) if m not in modules]
-    folder = tempfile.mkdtemp(prefix="nano-patch-warm-")  # mode 0700: only this user reaches the socket
+    folder = _folder = tempfile.mkdtemp(prefix="nano-patch-warm-")  # mode 0700: only this user reaches the socket
     path = os.path.join(folder, "socket")
     # Unpatched: the rank patches itself with its own environment's options (the rank entry's path).
     env = {k: v for k, v in os.environ.items() if k != STARTUP_ENV}
     try:
-        _server = subprocess.Popen([sys.executable, "-m", "nano_patch._rank", "--warm-interpreter", path, *modules],
+        _server = subprocess.Popen([sys.executable, "-m", "nano_patch._rank", WARM_FLAG, path, *modules],
                                    env=env,
                                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                    start_new_session=True, close_fds=True)
@@ -157,7 +160,7 @@ _hook: _Forward | None = None
 
 def stop() -> None:
     """No more ranks will start: the warm interpreter takes no more and ends once the ranks it runs have ended."""
-    global _server, _hook
+    global _server, _hook, _folder
     os.environ.pop(WARM_ENV, None)
     if _hook is not None:
         with contextlib.suppress(ValueError):
@@ -169,6 +172,9 @@ def stop() -> None:
         with contextlib.suppress(OSError):
             _server.terminate()
         _server = None
+    if _folder is not None:  # (no rank starts from here on: nothing reads the socket or the ready file again)
+        shutil.rmtree(_folder, ignore_errors=True)
+        _folder = None
 
 
 def ready_import_seconds() -> float | None:
@@ -240,6 +246,8 @@ def _recv(sock: socket.socket, fds: int = 0) -> tuple[bytes, list[int]]:
     while len(body) < size:
         more = sock.recv(size - len(body))
         if not more:
+            for fd in got:  # (the descriptors came with the header: never left open here)
+                os.close(fd)
             raise ConnectionError("closed")
         body += more
     return body, got
@@ -251,7 +259,11 @@ def run_warm(argv: list[str]) -> int | None:
     path = os.environ.get(WARM_ENV)
     if not path or not supported():
         return None
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        return _run_warm_on(sock, path, argv)
+
+
+def _run_warm_on(sock: socket.socket, path: str, argv: list[str]) -> int | None:
     try:
         sock.settimeout(READY_TIMEOUT_S)
         sock.connect(path)
@@ -265,7 +277,6 @@ def run_warm(argv: list[str]) -> int | None:
         sock.settimeout(None)
         pid = int(_recv(sock)[0])
     except (OSError, ValueError, ConnectionError):
-        sock.close()
         return None
     # The rank runs: from here on this process only passes signals on and waits.
     for name in FORWARDED:
@@ -301,8 +312,9 @@ def exit_as(status: int) -> None:
 # -- in the warm interpreter ---------------------------------------------------------------------------------------
 
 
-def serve(path: str, modules: list[str]) -> dict[str, Any] | None:
-    """The warm interpreter: listen, import ``modules`` and then each name the launching process sends on stdin,
+def serve(path: str, modules: list[str], own: tuple[str, ...] = ()) -> dict[str, Any] | None:
+    """The warm interpreter: listen, import ``modules`` and ``own`` (nano-patch's modules a rank imports when it
+    patches, named by the entry point) and then each name the launching process sends on stdin,
     and fork one rank per request. Returns the request in each forked rank (its process set up as the request says);
     returns None in the warm interpreter when it is done (stdin closed or SIGTERM, and no rank of its running)."""
     import threading
@@ -310,7 +322,7 @@ def serve(path: str, modules: list[str]) -> dict[str, Any] | None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
-    imported = _import(modules, path, 0.0)
+    imported = _import([*modules, *own], path, 0.0)
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda sig, frame: stopping.append(sig))
     running: dict[int, socket.socket | None] = {}  # rank pid -> its rank entry's connection (None: gone)
@@ -359,9 +371,6 @@ def _import(names: list[str], path: str, seconds: float) -> float:
     """Import ``names`` (errors ignored: the rank meets them itself); record the import time so far."""
     start = time.perf_counter()
     for name in names:
-        with contextlib.suppress(BaseException):
-            importlib.import_module(name)
-    for name in OWN:
         with contextlib.suppress(BaseException):
             importlib.import_module(name)
     seconds += time.perf_counter() - start

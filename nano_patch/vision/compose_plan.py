@@ -181,8 +181,7 @@ class Plan:
     def draws_natively(self) -> bool:
         """Every step either draws nothing or draws what ``torch_draws`` makes natively (the tail included), so a
         batch's draw step may carry native draws through the plan."""
-        covered = {k for j, tail in self.tails.items() for k in range(j, j + len(tail))}
-        return bool(self.runners) and all(i in covered or r in NATIVE_DRAWS for i, r in enumerate(self.runners))
+        return self.not_drawn_natively() is None
 
     def not_drawn_natively(self) -> str | None:
         """Why :attr:`draws_natively` is False: the first step whose draws are not made natively (None: none)."""
