@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 
 import nano_patch
+from nano_patch import sysinfo
 from nano_patch.data import auto_threads, loader_pool
 
 Rate = Callable[[int, int], float]  # images/s on n threads at batch b
@@ -246,7 +247,7 @@ def test_threads_recording_at_once_leave_it_consistent():
 
 
 def test_the_loader_starts_on_every_core_then_measures_its_batches(image_folder, monkeypatch):
-    monkeypatch.setattr(loader_pool, "usable_cores", lambda: 2)
+    monkeypatch.setattr(sysinfo, "usable_cores", lambda: 2)
     monkeypatch.setattr(auto_threads.AutoThreads, "WINDOW_SECONDS", 0.0)
     monkeypatch.setattr(auto_threads.AutoThreads, "WINDOW_BATCHES", 2)
     monkeypatch.setattr(auto_threads.AutoThreads, "RECHECK_BATCHES", 3)

@@ -252,9 +252,9 @@ def test_usable_cores_are_the_affinity_capped_by_the_cgroup_quota(monkeypatch):
 def test_the_pool_is_sized_to_the_usable_cores(monkeypatch, tmp_path):
     monkeypatch.setattr(loader_pool.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6, 7})
     _quota(monkeypatch, None)
-    assert loader_pool.usable_cores() == 8
+    assert sysinfo.usable_cores() == 8
     _quota(monkeypatch, 2.5)  # a container given 2.5 CPUs
-    assert loader_pool.usable_cores() == 3
+    assert sysinfo.usable_cores() == 3
     nano_patch.patch_torch()
     assert loader_pool._auto_threads().ladder == [1, 2, 3]  # auto tries counts up to the usable cores
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ..sysinfo import usable_cores
+from .. import sysinfo
 from . import render_pool
 from .auto_threads import AutoThreads
 
@@ -42,10 +42,10 @@ def configure(setting: int | str) -> None:
 def _auto_threads() -> AutoThreads:
     global _auto
     auto = _auto
-    if auto is None or auto.ladder[-1] != usable_cores():
+    if auto is None or auto.ladder[-1] != sysinfo.usable_cores():
         with _lock:
-            if _auto is None or _auto.ladder[-1] != usable_cores():
-                _auto = AutoThreads(usable_cores())
+            if _auto is None or _auto.ladder[-1] != sysinfo.usable_cores():
+                _auto = AutoThreads(sysinfo.usable_cores())
             auto = _auto
     return auto
 
@@ -109,7 +109,7 @@ def load_batch(load: Callable[[Any, list[Any], int], list[Any] | None], dataset:
 
 def describe() -> dict[str, Any]:
     """The setting, the count in use and, under ``auto``, the rates it measured."""
-    out = {"setting": _setting, "threads": threads(), "usable_cores": usable_cores()}
+    out = {"setting": _setting, "threads": threads(), "usable_cores": sysinfo.usable_cores()}
     if _setting == "auto" and _auto is not None:
         out["auto"] = _auto.describe()
     return out

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import report
+from .. import report, sysinfo
 
 #: Start methods under which a worker is a fork of this process (a spawned worker imports the script again: user
 #: code runs there, and nothing of it can be reproduced here).
@@ -332,9 +332,7 @@ def producers(num_workers: int) -> int:
     16 loader threads, whose draws and renders alternate), one on fewer than 4 usable cores, where a second drawing
     thread only takes a core from the renders (on 2 cores two producers gave 0.82x one producer's rate, medians of
     5 interleaved rounds)."""
-    from . import loader_pool
-
-    return min(2, num_workers) if loader_pool.usable_cores() >= 4 else 1
+    return min(2, num_workers) if sysinfo.usable_cores() >= 4 else 1
 
 
 _producers: _Producers | None = None
@@ -457,10 +455,9 @@ def start(loader: Any, loader_threads: int | str, uint8: bool = False) -> Any:
     stock's ``_get_iterator`` starts its worker processes (its checks and warnings, from its own line); ``uint8``:
     its batches stop before the tensor tail, which the device finishes."""
     from ..vision import native
-    from . import loader_pool
 
     kernel = native.kernel("torch_draws")
-    cores = loader_pool.usable_cores()
+    cores = sysinfo.usable_cores()
     threads = min(int(loader_threads), cores) if isinstance(loader_threads, int) else min(loader.num_workers, cores)
     cls = iterator_class()
     return _stock_get_iterator(lambda loader: cls(loader, kernel, max(1, threads), uint8))(loader)
