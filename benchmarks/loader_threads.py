@@ -41,6 +41,9 @@ RESULTS = Path(__file__).parent / "results"
 #: The child's set-up, shared with scaling.py: the options, the pipeline, the loader (``cfg`` read from argv).
 LOADER_SETUP = r"""
 cfg = json.loads(sys.argv[1])
+if cfg.get("start_method"):  # (Python 3.14's default is forkserver: stood in for here)
+    import multiprocessing
+    multiprocessing.set_start_method(cfg["start_method"])
 if cfg["side"] == "patched":
     import nano_patch
     extra = {"virtual_workers": False} if cfg.get("virtual") is False else {}  # (an older checkout lacks it)
@@ -95,17 +98,21 @@ print(json.dumps(out))
 """.replace("import json, sys, time", "import json, os, sys, time")
 
 
-def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith(("NANO_PATCH_", "_NANO_PATCH"))}
+def _env(checkout: str | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NANO_PATCH_", "_NANO_PATCH"))}
+    if checkout is not None:
+        env["PYTHONPATH"] = os.pathsep.join([checkout] + [p for p in [env.get("PYTHONPATH")] if p])
+    return env
 
 
-def run_child(child: str, cfg: dict) -> dict:
+def run_child(child: str, cfg: dict, checkout: str | None = None) -> dict:
     """``child`` (Python source) in a fresh process with ``cfg`` as its argument; its last line of output, as JSON.
+    ``checkout``: a nano-patch source tree to import instead of the installed one (before/after comparisons).
     (Shared with scaling.py.)"""
     # cwd: not the checkout (``python -c`` puts the cwd first on sys.path, before PYTHONPATH): the children import
     # the nano_patch on PYTHONPATH, so that ``PYTHONPATH=/other/checkout`` measures that checkout
     proc = subprocess.run([sys.executable, "-c", child, json.dumps(cfg)], capture_output=True, text=True,
-                          env=_env(), check=False, cwd=tempfile.gettempdir())
+                          env=_env(checkout), check=False, cwd=tempfile.gettempdir())
     if proc.returncode != 0:
         raise RuntimeError(f"{cfg}: {proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -165,7 +165,9 @@ tree = [me] + me.children(recursive=True)
 out.update(images=n, seconds=seconds, images_per_s=n / seconds, cpu_s_per_image=(cpu_s() - cpu0) / n,
            main_cpu_s_per_image=(main_cpu.user + main_cpu.system - main_cpu0) / n,
            run_delay_s_per_image=(run_delay_s() - wait0) / n,
-           tree_rss_mb=sum(p.memory_info().rss for p in tree if p.is_running()) / 2**20)
+           tree_rss_mb=sum(p.memory_info().rss for p in tree if p.is_running()) / 2**20,
+           # (PSS counts a page shared by forked processes once, split among them: a tree's real footprint)
+           tree_pss_mb=sum(p.memory_full_info().pss for p in tree if p.is_running()) / 2**20)
 if cfg["side"] == "patched":
     try:
         from nano_patch.data import loader_pool

@@ -75,6 +75,11 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=40, help="the short run of the auto rows")
     ap.add_argument("--max-n", type=int, default=16)
     ap.add_argument("--stem", default="workers")
+    ap.add_argument("--before", metavar="CHECKOUT",
+                    help="another nano-patch source tree (its compiled kernels built in place): its patched rows run "
+                         "too, interleaved, as '... (before)'")
+    ap.add_argument("--start-method", choices=["fork", "forkserver", "spawn"], default=None,
+                    help="the multiprocessing start method of every row (default: the interpreter's)")
     args = ap.parse_args()
     from make_photo_folder import build
     from train import _cpu_name
@@ -87,7 +92,12 @@ def main() -> None:
         root = str(build(Path(tmp) / "photos", args.per_class) / "train")
         base = {"root": root, "batch": 64, "seconds": args.seconds, "cache_dir": str(Path(tmp) / "cache"),
                 "mode": "rate", "pipeline": "pets"}
-        rows = configs(n)
+        rows = {name: (cfg, None) for name, cfg in configs(n).items()}
+        if args.before:
+            rows.update({f"{name} (before)": (cfg, args.before) for name, cfg in configs(n).items()
+                         if cfg["side"] == "patched"})
+        if args.start_method:
+            base["start_method"] = args.start_method
         short = {"auto, 40 batches": {"side": "patched", "cache": "off", "torch_threads": 1, "threads": "auto",
                                       "workers": 0},
                  f"{n} threads, 40 batches": {"side": "patched", "cache": "off", "torch_threads": 1, "threads": n,
@@ -95,9 +105,11 @@ def main() -> None:
         for r in range(args.rounds):
             order = list(rows) if r % 2 == 0 else list(rows)[::-1]
             for name in order:
-                got = run_child(CHILD, {**base, **rows[name]})
+                cfg, checkout = rows[name]
+                got = run_child(CHILD, {**base, **cfg}, checkout)
                 result["runs"].setdefault(name, []).append(got)
-                print(f"round {r}: {name}: {got['images_per_s']:.0f} images/s, tree {got['tree_rss_mb']:.0f} MB, "
+                print(f"round {r}: {name}: {got['images_per_s']:.0f} images/s, tree {got['tree_rss_mb']:.0f} MB "
+                      f"RSS, {got['tree_pss_mb']:.0f} MB PSS, "
                       f"main process {got['main_cpu_s_per_image'] * 1e6:.0f} us CPU/image", flush=True)
             for name in (list(short) if r % 2 == 0 else list(short)[::-1]):
                 got = run_child(BATCHES_CHILD, {**base, **short[name], "batches": args.batches})
@@ -117,13 +129,15 @@ def print_table(result: dict) -> None:
     stock = m[f"stock, num_workers={n}"]["images_per_s"]
     threads = m[f"{n} threads, num_workers=0"]["images_per_s"]
     print(f"\n{result['machine']}; pets, batch 64; medians of {result['rounds']} interleaved rounds")
-    print("| configuration | images/s | vs stock | vs N threads | process tree RSS | main process CPU/image |")
+    print("| configuration | images/s | vs stock | vs N threads | process tree PSS (RSS summed) | "
+          "main process CPU/image |")
     print("|---|---|---|---|---|---|")
     for name, row in m.items():
         if "tree_rss_mb" not in row:
             continue
         ips = row["images_per_s"]
-        print(f"| {name} | {ips:.0f} | {ips / stock:.2f}x | {ips / threads:.2f}x | {row['tree_rss_mb']:.0f} MB | "
+        print(f"| {name} | {ips:.0f} | {ips / stock:.2f}x | {ips / threads:.2f}x | {row['tree_pss_mb']:.0f} MB "
+              f"({row['tree_rss_mb']:.0f} MB) | "
               f"{row['main_cpu_s_per_image'] * 1e6:.0f} us |")
     auto, fixed = m["auto, 40 batches"]["images_per_s"], m[f"{n} threads, 40 batches"]["images_per_s"]
     print(f"auto over {result['batches']} batches: {auto:.0f} images/s, {auto / fixed:.2f}x {n} fixed threads")

@@ -39,6 +39,7 @@ LAYERS: dict[str, int] = {
     "nano_patch.report": BASE,
     "nano_patch.exit_notices": BASE,
     "nano_patch.sysinfo": BASE,
+    "nano_patch.forks": BASE,
     "nano_patch.envtune": BASE,
     "nano_patch.preset": BASE,
     "nano_patch.simd": BASE,

@@ -69,7 +69,7 @@ def test_real_jpegs_take_libjpeg_turbo(files, monkeypatch):
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "bad_header"])
-def test_corrupt_files_raise_stock_exception_with_path(tmp_path, files, damage):
+def test_corrupt_files_raise_stock_exception(tmp_path, files, damage):
     data = files["baseline.jpg"].read_bytes()
     bad = {"truncated": data[: len(data) // 2], "garbage": b"\xff\xd8\xff" + bytes(range(256)) * 40, "empty": b"",
            "bad_header": b"not an image at all"}[damage]
@@ -79,8 +79,8 @@ def test_corrupt_files_raise_stock_exception_with_path(tmp_path, files, damage):
         Image.open(f).convert("RGB")
     with pytest.raises(type(stock.value)) as ours:
         decode.decode_rgb(path)
-    assert str(ours.value) == str(stock.value)  # stock's message; the path in a note where it lacks it
-    assert str(path) in str(ours.value) or any(str(path) in note for note in getattr(ours.value, "__notes__", []))
+    assert str(ours.value) == str(stock.value)  # stock's message, and no note stock does not add
+    assert getattr(ours.value, "__notes__", None) == getattr(stock.value, "__notes__", None)
 
 
 def test_truncated_with_load_truncated_images_matches_stock(tmp_path, files, monkeypatch):

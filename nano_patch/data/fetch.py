@@ -19,6 +19,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .. import forks
+
 #: class whose ``__getitem__`` a dataset patch wrapped -> its batch loader ``(dataset, indices) -> list | None``
 #: (None: the class loads one by one)
 _routes: dict[type, Callable[[Any, list[Any]], list[Any] | None] | None] = {}
@@ -111,3 +113,6 @@ def make_fetch(stock_fetch: Callable[..., Any], subset_cls: type) -> Callable[..
     fetch.__wrapped__ = stock_fetch  # type: ignore[attr-defined]
     fetch.__qualname__ = getattr(stock_fetch, "__qualname__", "fetch")
     return fetch
+
+
+forks.fresh_in_child(globals(), _lock=threading.Lock)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .. import forks
 from ..registry import AttributeRecord
 from ..vision.tensor_tail import V1_DIV, V2_MUL, ErasedImage, Erasure, TailSpec
 
@@ -210,3 +211,6 @@ def split_batch(batch: Any) -> tuple[Any, ErasedBatch | None, Callable[[Any], An
     if is_u8(batch):
         return batch, None, lambda x: x
     return None
+
+
+forks.fresh_in_child(globals(), _constants_lock=threading.Lock)

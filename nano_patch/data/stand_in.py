@@ -1,24 +1,43 @@
-"""A stand-in worker: one batch of a virtual worker (``virtual_workers.py``) loaded by stock's code in a process of
-its own, in that worker's exact state.
+"""Stand-in workers: the worker processes a virtual-worker iterator (``virtual_workers.py``) starts only where a batch
+needs stock's own code.
 
-A virtual worker's fast path takes only what it can prove stock's: where a batch needs stock's own code (a file
-PIL must decode or warn about, a draw the draw program gives back, a render that fails, an error stock raises at
-sample k), a forked child of this process becomes that worker for one batch: ``get_worker_info()`` says so, its
-generators are where the worker's stand (torch's, ``random``'s, NumPy's), torch runs on one thread, and it runs
-stock's fetch of the batch, as the worker process would (with the patch, which gives stock's batch). It sends back
-the batch, or the error wrapped as stock's worker wraps it (raised at the batch in the main process, with stock's
-message), and the generators' states after it, which the virtual worker continues from. The child waits for the
-parent to have the batch before it exits (its tensors' shared memory goes with their file descriptors).
+A virtual worker's fast path takes only what it can prove stock's. A batch it cannot (a file PIL must decode or warn
+about, a draw the draw program gives back, a render that fails, an error stock raises at sample k) is loaded by a
+stand-in for that worker: a process that is worker ``k`` as stock would have started it, running stock's fetch.
+
+- **Started with the iterator, as stock starts its workers.** :class:`StandIns` forks one idle process, the
+  *template*, from the thread that starts the iterator, at the moment stock forks its workers. It freezes what a
+  forked worker freezes: torch's default dtype and grad modes, PIL's flags, the working directory, the warning
+  filters, the dataset snapshot. Worker ``k``'s stand-in is forked from the template the first time stream ``k``
+  needs one, and then serves every later batch of that stream for the iterator's life, as worker ``k`` would: one
+  process per worker, so each warns as one stock worker does (once per message and place). The template is
+  single-threaded, so nothing is forked from a thread in the middle of a training step.
+- **Each batch is a request:** the stream's generator states (torch, ``random``, NumPy) go in, the batch (or the
+  error, wrapped as stock's worker wraps it) and the states after it come back; the stream continues from them.
+- **Nothing waits forever and nothing is left behind.** The template and the stand-ins watch their parent (its
+  pid, once a second, as stock's workers' ``ManagerWatchdog``) and their socket, and exit when either goes; the
+  template ends its stand-ins when it ends. A stand-in that dies surfaces as stock's "DataLoader worker (pid(s) ...)
+  exited unexpectedly", raised at the batch.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import random
+import select
+import signal
+import socket
+import struct
+import threading
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+#: How often (seconds) a waiting process checks that its parent lives (stock's MP_STATUS_CHECK_INTERVAL is 5).
+WATCH_INTERVAL = 1.0
+_PID = struct.Struct("!q")
 
 
 @dataclass
@@ -31,63 +50,229 @@ class Loaded:
     numpy_state: Any
 
 
-def load(dataset: Any, indices: list[Any], worker_id: int, num_workers: int, base_seed: int, torch_state: Any,
-         random_state: Any, numpy_state: Any, collate_fn: Any, drop_last: bool, uint8: bool) -> Loaded:
-    """Worker ``worker_id``'s batch of ``indices`` from ``dataset``, by stock's code in a forked child whose
-    generators stand at the given states."""
-    import multiprocessing
+class WorkerDied(RuntimeError):
+    """A stand-in exited while it held a batch: raised at that batch as stock raises a dead worker's."""
 
-    import torch.multiprocessing  # noqa: F401 - its reductions: the batch's tensors cross as shared memory
 
-    ctx = multiprocessing.get_context("fork")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_serve, name=f"nano-patch-stand-in-{worker_id}", daemon=True,
-                       args=(child, dataset, indices, worker_id, num_workers, base_seed, torch_state, random_state,
-                             numpy_state, collate_fn, drop_last, uint8))
-    proc.start()
-    child.close()
-    try:
-        got = parent.recv()
-    except EOFError:
-        proc.join()
-        raise RuntimeError(f"DataLoader worker (pid(s) {proc.pid}) exited unexpectedly") from None
-    finally:
+@dataclass
+class _Batch:
+    """What a stand-in needs for one batch: the indices and the stream's generator states."""
+
+    indices: list[Any]
+    torch_state: Any
+    random_state: Any
+    numpy_state: Any
+    uint8: bool
+
+
+class StandIns:
+    """The stand-in processes of one iterator: the template, forked now, and worker ``k``'s stand-in, forked from it
+    on first use. ``dataset``: the snapshot stock's fetch loads from."""
+
+    def __init__(self, dataset: Any, num_workers: int, base_seed: int, collate_fn: Any, drop_last: bool) -> None:
+        import multiprocessing
+
+        import torch.multiprocessing  # noqa: F401 - its reductions: the batch's tensors cross as shared memory
+
+        self._lock = threading.Lock()
+        self._workers: dict[int, tuple[int, Any, threading.Lock]] = {}
+        self._closed = False
+        self._started = 0
+        mine, theirs = socket.socketpair()
+        self._control = mine
+        # (a process forked from the main thread may die with its parent's death signal; from another thread, the
+        # signal would come when that thread ends: it then watches the parent's pid alone)
+        main_thread = threading.current_thread() is threading.main_thread()
+        self._template = multiprocessing.get_context("fork").Process(
+            target=_template, name="nano-patch-stand-in-template", daemon=True,
+            args=(theirs, mine, os.getpid(), main_thread, dataset, num_workers, base_seed, collate_fn, drop_last))
+        self._template.start()
+        theirs.close()
+
+    def load(self, worker_id: int, indices: list[Any], torch_state: Any, random_state: Any, numpy_state: Any,
+             uint8: bool) -> Loaded:
+        """Worker ``worker_id``'s batch of ``indices`` by stock's code, its generators at the given states. One call
+        per worker at a time (a stream's batches are loaded in its order)."""
+        pid, conn, busy = self._worker(worker_id)
+        with busy:
+            try:
+                conn.send(_Batch(list(indices), torch_state, random_state, numpy_state, uint8))
+                while not conn.poll(WATCH_INTERVAL):
+                    if self._closed:
+                        raise WorkerDied(f"DataLoader worker (pid(s) {pid}) exited unexpectedly")
+                got = conn.recv()
+            except (EOFError, OSError):
+                raise WorkerDied(f"DataLoader worker (pid(s) {pid}) exited unexpectedly") from None
+        return Loaded(*got)
+
+    def _worker(self, worker_id: int) -> tuple[int, Any, threading.Lock]:
+        from multiprocessing.connection import Connection
+
+        with self._lock:
+            found = self._workers.get(worker_id)
+            if found is not None:
+                return found
+            if self._closed:
+                raise WorkerDied("DataLoader worker (pid(s) ) exited unexpectedly: the iterator was shut down")
+            try:
+                self._control.sendall(_PID.pack(worker_id))
+                ready, _, _ = select.select([self._control], [], [], 60.0)
+                if not ready:
+                    raise OSError("no answer")
+                msg, fds, _, _ = socket.recv_fds(self._control, _PID.size, 1)
+            except OSError:
+                raise WorkerDied(f"DataLoader worker (pid(s) {self._template.pid}) exited unexpectedly") from None
+            if len(msg) != _PID.size or len(fds) != 1:
+                for fd in fds:
+                    os.close(fd)
+                raise WorkerDied(f"DataLoader worker (pid(s) {self._template.pid}) exited unexpectedly")
+            found = (_PID.unpack(msg)[0], Connection(fds[0]), threading.Lock())
+            self._workers[worker_id] = found
+            self._started += 1
+            return found
+
+    @property
+    def started(self) -> int:
+        """How many stand-ins were started (the template not counted)."""
+        return self._started
+
+    def close(self, wait: bool = True) -> None:
+        """End the template and the stand-ins (idempotent); ``wait``: reap the template (briefly)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            workers, self._workers = list(self._workers.values()), {}
         with contextlib.suppress(OSError):
-            parent.send(True)  # the batch is here: the child may end
-    proc.join()
-    parent.close()
-    return Loaded(*got)
+            self._control.close()  # the template sees the end of its socket: it ends its stand-ins, then itself
+        for _, conn, _ in workers:
+            with contextlib.suppress(OSError):
+                conn.close()
+        if wait:
+            self._template.join(timeout=2 * WATCH_INTERVAL)
+            if self._template.is_alive():
+                self._template.kill()
+                self._template.join(timeout=WATCH_INTERVAL)
 
 
-def _serve(conn: Any, dataset: Any, indices: list[Any], worker_id: int, num_workers: int, base_seed: int,
-           torch_state: Any, random_state: Any, numpy_state: Any, collate_fn: Any, drop_last: bool,
-           uint8: bool) -> None:
-    """The child: worker ``worker_id`` for one batch (stock's ``_worker_loop`` set-up, then its fetch)."""
+def _parent_gone(parent: int) -> bool:
+    return os.getppid() != parent
+
+
+def _die_with(parent: int) -> None:
+    """Ask the kernel to kill this process when its parent dies (Linux's ``PR_SET_PDEATHSIG``; elsewhere the pid
+    watch alone), and exit now where the parent is already gone."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if _parent_gone(parent):
+        os._exit(0)
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(0)  # (the ``finally`` that ends the stand-ins runs)
+
+
+def _template(control: socket.socket, main_end: socket.socket, main_pid: int, main_thread: bool, dataset: Any,
+              num_workers: int, base_seed: int, collate_fn: Any, drop_last: bool) -> None:
+    """The template process: forks worker ``k``'s stand-in on request and hands its socket to the main process."""
+    main_end.close()
+    if main_thread:
+        _die_with(main_pid)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # (its stand-ins are reaped as they exit)
+    children: list[int] = []
+    try:
+        while not _parent_gone(main_pid):
+            ready, _, _ = select.select([control], [], [], WATCH_INTERVAL)
+            if not ready:
+                continue
+            msg = control.recv(_PID.size)
+            if len(msg) != _PID.size:
+                return  # the iterator is done with its stand-ins
+            worker_id = _PID.unpack(msg)[0]
+            ours, theirs = socket.socketpair()
+            pid = os.fork()
+            if pid == 0:  # worker ``worker_id``'s stand-in
+                code = 1
+                try:
+                    _die_with(os.getppid())
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                    control.close()
+                    ours.close()
+                    code = _stand_in(theirs, os.getppid(), dataset, worker_id, num_workers, base_seed, collate_fn,
+                                     drop_last)
+                finally:
+                    os._exit(code)
+            children.append(pid)
+            theirs.close()
+            socket.send_fds(control, [_PID.pack(pid)], [ours.fileno()])
+            ours.close()
+    finally:
+        for pid in children:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _stand_in(conn_socket: socket.socket, template_pid: int, dataset: Any, worker_id: int, num_workers: int,
+              base_seed: int, collate_fn: Any, drop_last: bool) -> int:
+    """Worker ``worker_id``'s stand-in: stock's ``_worker_loop`` set-up, then its fetch of each batch it is sent."""
+    import multiprocessing.util
+    from multiprocessing.connection import Connection
+
     import torch
     from torch._utils import ExceptionWrapper
     from torch.utils.data import _DatasetKind
     from torch.utils.data._utils import signal_handling, worker
 
-    from .workers import cap_threads
-
+    multiprocessing.util._run_after_forkers()  # (as a forked Process does: the resource sharer starts afresh)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    conn = Connection(conn_socket.detach())
     signal_handling._set_worker_signal_handlers()
-    cap_threads(1)
-    torch.set_rng_state(torch_state)
-    random.setstate(random_state)
-    if numpy_state is not None:
-        np.random.set_state(numpy_state)
+    torch.multiprocessing._set_thread_name("pt_data_worker")
+    torch.set_num_threads(1)
     worker._worker_info = worker.WorkerInfo(id=worker_id, num_workers=num_workers, seed=base_seed + worker_id,
                                             dataset=dataset)
-    try:
-        if uint8:
-            from .uint8_batches import mark_worker_dataset
+    fetcher = None
+    while True:
+        while not conn.poll(WATCH_INTERVAL):
+            if _parent_gone(template_pid):
+                return 0
+        try:
+            batch = conn.recv()
+        except (EOFError, OSError):
+            return 0
+        torch.set_rng_state(batch.torch_state)
+        random.setstate(batch.random_state)
+        if batch.numpy_state is not None:
+            np.random.set_state(batch.numpy_state)
+        try:
+            if fetcher is None:
+                fetcher = _DatasetKind.create_fetcher(_DatasetKind.Map, dataset, True, collate_fn, drop_last)
+            with _uint8(dataset) if batch.uint8 else contextlib.nullcontext():
+                data = fetcher.fetch(batch.indices)
+        except Exception:  # noqa: BLE001 - stock's worker sends its error, wrapped, to be raised at the batch
+            data = ExceptionWrapper(where=f"in DataLoader worker process {worker_id}")
+        try:
+            conn.send((data, torch.get_rng_state(), random.getstate(),
+                       np.random.get_state() if batch.numpy_state is not None else None))
+        except (OSError, EOFError):
+            return 0
+        del data
 
-            mark_worker_dataset(dataset)
-        fetcher = _DatasetKind.create_fetcher(_DatasetKind.Map, dataset, True, collate_fn, drop_last)
-        data = fetcher.fetch(indices)
-    except Exception:  # noqa: BLE001 - stock's worker sends its error, wrapped, to be raised at the batch
-        data = ExceptionWrapper(where=f"in DataLoader worker process {worker_id}")
-    conn.send((data, torch.get_rng_state(), random.getstate(),
-               np.random.get_state() if numpy_state is not None else None))
-    with contextlib.suppress(EOFError):
-        conn.recv()  # the parent has the batch: its shared memory may go
+
+def _uint8(dataset: Any) -> Any:
+    """While this runs, the dataset's Compose stops before its tail (the device finishes the batch), as the fast path
+    stops it for the same iterator (a persistent iterator may switch between epochs)."""
+    from ..vision import compose_call
+    from .uint8_batches import register_collate, uint8_transform
+
+    found = uint8_transform(dataset)
+    if found is None:
+        return contextlib.nullcontext()
+    if found[1].erasers:
+        register_collate()
+    return compose_call.uint8_here(found[0])

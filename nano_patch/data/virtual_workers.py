@@ -20,31 +20,41 @@ batch taken), persistent iterators reset as stock resets its workers (the batche
 stock's workers load them, before the next epoch starts).
 
 A batch the fast path cannot load as a whole (a file that is not a plain JPEG, a size PIL warns about, a draw the
-program gives back, a failed render) is loaded by a stand-in (``stand_in.py``): a short-lived worker process in
-that stream's exact state, running stock's code; its batch, or its error raised at stock's batch, comes back with
+program gives back, a failed render, a process state changed since the iterator started) is loaded by that worker's
+stand-in (``stand_in.py``): a process forked when the iterator started, as stock forks its workers, running stock's
+code in the worker's state (``worker_state.py``); its batch, or its error raised at stock's batch, comes back with
 the generators' states, which the stream continues from.
+
+Nothing waits forever: the producer pool is shared by every iterator and only grows (an iterator never loses the
+threads that serve it), and the main process's wait for a batch watches the producers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import itertools
+import os
 import queue
 import random
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .. import report, sysinfo
+from .. import forks, report, sysinfo
+from . import stand_in, worker_state
 
 #: Start methods under which a worker is a fork of this process (a spawned worker imports the script again: user
 #: code runs there, and nothing of it can be reproduced here).
 _FORKED = (None, "fork")
+#: DataLoader methods that make its iterator: a subclass that overrides one keeps stock's path, where it runs.
+_LOADER_METHODS = ("__iter__", "_get_iterator", "_index_sampler", "check_worker_number_rationality",
+                   "_auto_collation")
 #: Path suffixes of the JPEGs the fast path loads (another file keeps real worker processes).
 _JPEG_SUFFIXES = (".jpg", ".jpeg", ".jpe", ".jfif")
 
@@ -121,6 +131,9 @@ def why_not(loader: Any, loader_threads: int | str) -> str | None:
         return "a multiprocessing_context that does not fork"
     if not _forks_by_default(loader):
         return "the start method does not fork"
+    overridden = [name for name in _LOADER_METHODS if _defined_by(type(loader), name) is not data.DataLoader]
+    if overridden:
+        return f"{type(loader).__name__} overrides DataLoader.{overridden[0]} (stock's path runs it)"
     if loader.batch_sampler is None:
         return "batch_size=None (samples one by one)"
     if loader.collate_fn is not data.default_collate:
@@ -145,6 +158,11 @@ def why_not(loader: Any, loader_threads: int | str) -> str | None:
     if not _all_jpegs(root.samples):
         return "some of its files are not JPEGs (they decode through PIL, which may warn in the worker)"
     return None
+
+
+def _defined_by(cls: type, name: str) -> type | None:
+    """The class of ``cls``'s MRO whose own namespace holds ``name``."""
+    return next((c for c in cls.__mro__ if name in vars(c)), None)
 
 
 def _forks_by_default(loader: Any) -> bool:
@@ -278,6 +296,8 @@ class Task:
     epoch: int
     done: threading.Event = field(default_factory=threading.Event)
     data: Any = None
+    #: a stand-in that died with this batch: raised as it is, as stock raises a dead worker's error
+    died: BaseException | None = None
 
 
 class _Context:
@@ -299,57 +319,91 @@ class _Context:
         self.lock = threading.Lock()
         #: (device type, device index) to pin each batch for, as stock's pin-memory thread does, or None
         self.pin: tuple[Any, int] | None = None
+        #: the process state a worker forked now keeps: the fast path loads only while it is still live
+        self.state = worker_state.capture()
+        #: the stand-in processes, forked now (as stock forks its workers)
+        self.stand_ins_procs = stand_in.StandIns(snapshot.stock_dataset(), loader.num_workers, base_seed,
+                                                 loader.collate_fn, loader.drop_last)
 
 
 class _Producers:
     """The threads that load the tasks of every virtual-worker iterator of this process, in the order they were
-    sent; each stream's batches are drawn in the stream's order (a task waits for its stream's turn)."""
+    sent; each stream's batches are drawn in the stream's order (a task waits for its stream's turn).
 
-    def __init__(self, threads: int) -> None:
-        self._queue: queue.SimpleQueue[tuple[_Context, Task] | None] = queue.SimpleQueue()
-        self.threads = threads
-        for k in range(threads):
-            threading.Thread(target=self._serve, name=f"nano-patch-virtual-worker-{k}", daemon=True).start()
+    The pool is shared and only grows: an iterator never loses the threads that serve its tasks. At most ``slots``
+    threads take the fast path at once (its draws hold the GIL: more only take cores from the renders, see
+    :func:`producers`); the others wait there, or on a stand-in, which holds no core: with one thread per stream,
+    N stand-ins load at once, as N stock workers would."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[_Context, Task]] = queue.SimpleQueue()
+        self._cond = threading.Condition()
+        self._threads: list[threading.Thread] = []
+        self._slots = 0
+        self._busy = 0
+
+    def grow(self, threads: int, slots: int) -> None:
+        """At least ``threads`` threads, of which at least ``slots`` may take the fast path at once."""
+        with self._cond:
+            if slots > self._slots:
+                self._slots = slots
+                self._cond.notify_all()
+            while len(self._threads) < threads:
+                t = threading.Thread(target=self._serve, name=f"nano-patch-virtual-worker-{len(self._threads)}",
+                                     daemon=True)
+                t.start()
+                self._threads.append(t)
 
     def submit(self, ctx: _Context, task: Task) -> None:
         self._queue.put((ctx, task))
 
+    def alive(self) -> bool:
+        return any(t.is_alive() for t in self._threads)
+
+    @contextlib.contextmanager
+    def fast_path(self) -> Iterator[None]:
+        """One of the ``slots`` the fast path may take at once (each taker ends in bounded time: CPU work)."""
+        with self._cond:
+            while self._busy >= self._slots:
+                self._cond.wait()
+            self._busy += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._busy -= 1
+                self._cond.notify()
+
     def _serve(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            _load_task(*item)
-
-    def stop(self) -> None:
-        for _ in range(self.threads):
-            self._queue.put(None)
+            _load_task(self, *self._queue.get())
 
 
 def producers(num_workers: int) -> int:
-    """Producer threads for ``num_workers`` streams: two where there are cores to spare (one draws the next batch
-    while the other's renders on the native helpers: on a 16-core Xeon, 16 virtual workers loaded 1.3x the rate of
-    16 loader threads, whose draws and renders alternate), one on fewer than 4 usable cores, where a second drawing
-    thread only takes a core from the renders (on 2 cores two producers gave 0.82x one producer's rate, medians of
-    5 interleaved rounds)."""
+    """Threads that take the fast path at once for ``num_workers`` streams: two where there are cores to spare (one
+    draws the next batch while the other's renders run on the native helpers), one on fewer than 4 usable cores,
+    where a second drawing thread only takes a core from the renders (docs/benchmarks.md gives the measurements)."""
     return min(2, num_workers) if sysinfo.usable_cores() >= 4 else 1
 
 
+#: threads the pool keeps at most (one per stream, for stand-ins that load at once)
+_MAX_THREADS = 64
 _producers: _Producers | None = None
 _producers_pid = 0
 _producers_lock = threading.Lock()
 
 
-def _producers_for(threads: int) -> _Producers:
-    import os
+def _producers_for(num_workers: int) -> _Producers:
+    """This process's pool, grown for an iterator of ``num_workers`` streams (a forked child makes its own: the
+    parent's threads are not in it)."""
 
     global _producers, _producers_pid
     with _producers_lock:
-        if _producers is None or _producers_pid != os.getpid() or _producers.threads < threads:
-            if _producers is not None and _producers_pid == os.getpid():
-                _producers.stop()
-            _producers, _producers_pid = _Producers(threads), os.getpid()
-        return _producers
+        if _producers is None or _producers_pid != os.getpid():
+            _producers, _producers_pid = _Producers(), os.getpid()
+        pool = _producers
+    pool.grow(min(max(num_workers, 1), _MAX_THREADS), producers(num_workers))
+    return pool
 
 
 def _wrapped(exc: BaseException, worker_id: int) -> Any:
@@ -362,22 +416,29 @@ def _wrapped(exc: BaseException, worker_id: int) -> Any:
         return ExceptionWrapper(where=f"in DataLoader worker process {worker_id}")
 
 
-def _load_task(ctx: _Context, task: Task) -> None:
-    """Load ``task``'s batch in its stream's turn: the fast path, else a stand-in in the stream's state."""
+def _load_task(pool: _Producers, ctx: _Context, task: Task) -> None:
+    """Load ``task``'s batch in its stream's turn: the fast path, else the stream's stand-in."""
     stream = task.stream
     with stream.turn:
         while stream.drawn != task.turn:
             stream.turn.wait()
     try:
         if not ctx.closed:  # (a dropped iterator's batch: nothing reads it)
-            task.data = _load_batch(ctx, stream, task.index)
+            with pool.fast_path():
+                task.data = _fast_batch(ctx, stream, task.index)
+            if task.data is None:
+                task.data = _stand_in_batch(ctx, stream, task.index)
+            elif ctx.pin is None:
+                task.data = _in_shared_memory(task.data)
+    except stand_in.WorkerDied as exc:
+        task.died = exc
     except BaseException as exc:  # noqa: BLE001 - never the producer's end: the batch's error, at its batch
         task.data = _wrapped(exc, stream.worker_id)
     finally:
         with stream.turn:
             stream.drawn += 1
             stream.turn.notify_all()
-    if ctx.pin is not None and not ctx.closed:
+    if ctx.pin is not None and not ctx.closed and task.died is None:
         task.data = _pinned(task.data, *ctx.pin)
     task.done.set()
 
@@ -396,40 +457,99 @@ def _pinned(data: Any, device: Any, index: int) -> Any:
         return _utils.ExceptionWrapper(where=f"in pin memory thread for device {index}")
 
 
-def _load_batch(ctx: _Context, stream: Stream, indices: Any) -> Any:
-    """The collated batch of ``indices`` as worker ``stream.worker_id`` would send it, or the error it would send."""
-    from . import batch_loader, collate, stand_in
+def _fast_batch(ctx: _Context, stream: Stream, indices: Any) -> Any:
+    """The collated batch of ``indices`` as worker ``stream.worker_id`` would send it, by the fast path; or None
+    where a stand-in must load it (the stream's draws are then where they were)."""
+    from ..vision import oprunner
+    from . import batch_loader, collate
 
     snap = ctx.snapshot
     start = stream.draws.words.copy()
     data = None
-    try:
-        entries = snap.entries(list(indices))
-    except Exception:  # noqa: BLE001 - a bad index: the stand-in raises stock's error at stock's sample
-        entries = None
-    if entries is not None:
+    if ctx.state.is_live():  # (else the script changed what a worker froze: the stand-in has it)
         try:
-            data = batch_loader.load_drawn(snap.dataset, snap.owner, entries, stream.draws, ctx.render_threads,
-                                           ctx.uint8)
-        except Exception:  # noqa: BLE001 - never the user's error: the stand-in loads it with stock's code
-            data = None
-    if data is not None:
-        handed = collate.take_handed()
-        batch = collate.collate_pairs(data, handed) if ctx.collate_fn is _default_collate() else None
-        return batch if batch is not None else ctx.collate_fn(data)
-    collate.take_handed()
-    stream.draws.words[:] = start  # (what the fast path drew is drawn again by the stand-in, with stock's code)
+            entries = snap.entries(list(indices))
+        except Exception:  # noqa: BLE001 - a bad index: the stand-in raises stock's error at stock's sample
+            entries = None
+        if entries is not None:
+            try:
+                with oprunner.batches_in_shared_memory(ctx.pin is None):
+                    data = batch_loader.load_drawn(snap.dataset, snap.owner, entries, stream.draws,
+                                                   ctx.render_threads, ctx.uint8)
+            except Exception:  # noqa: BLE001 - never the user's error: the stand-in loads it with stock's code
+                data = None
+    handed = collate.take_handed()
+    if data is not None and not (ctx.state.is_live() and _floats_are(data, ctx.state.default_dtype)):
+        data = None  # (the state changed while the batch loaded)
+    if data is None:
+        stream.draws.words[:] = start  # (what the fast path drew is drawn again by the stand-in, with stock's code)
+        return None
+    batch = collate.collate_pairs(data, handed) if ctx.collate_fn is _default_collate() else None
+    return batch if batch is not None else ctx.collate_fn(data)
+
+
+def _stand_in_batch(ctx: _Context, stream: Stream, indices: Any) -> Any:
+    """The batch of ``indices`` from the stream's stand-in (stock's code, the worker's frozen state), the stream's
+    generators moved on as it left them."""
     with ctx.lock:
         ctx.stand_ins += 1
-    report.count("dataloader", False, "a virtual worker's batch loaded by a stand-in process (stock's code: a file "
-                                      "PIL must open, a draw the program gives back, or an error)")
+    report.count("dataloader", False, "a virtual worker's batch loaded by its stand-in process (stock's code: a file "
+                                      "PIL must open, a draw the program gives back, a state changed since the "
+                                      "iterator started, or an error)")
     random_state, numpy_state = stream.python_states()
-    got = stand_in.load(snap.stock_dataset(), list(indices), stream.worker_id, ctx.num_workers, ctx.base_seed,
-                        stream.draws.torch_state(), random_state, numpy_state, ctx.collate_fn, ctx.drop_last,
-                        ctx.uint8 is not None)
+    got = ctx.stand_ins_procs.load(stream.worker_id, list(indices), stream.draws.torch_state(), random_state,
+                                   numpy_state, ctx.uint8 is not None)
     stream.draws.load(got.torch_state)
     stream.random_state, stream.numpy_state = got.random_state, got.numpy_state
     return got.data
+
+
+def _floats_are(data: list[tuple[Any, Any]], dtype: Any) -> bool:
+    """Whether every floating tensor among the samples' images is of ``dtype`` (``ToTensor`` makes the default)."""
+    import torch
+
+    for sample in data:
+        image = sample[0] if isinstance(sample, tuple) and sample else sample
+        if isinstance(image, torch.Tensor) and image.is_floating_point() and image.dtype != dtype:
+            return False
+    return True
+
+
+def _tensors_mapped(data: Any, fn: Callable[[Any], Any]) -> Any:
+    """``data`` with ``fn`` applied to each tensor in it (lists, tuples, dicts walked as ``default_collate`` builds
+    them; anything else kept)."""
+    import torch
+
+    if isinstance(data, torch.Tensor):
+        return fn(data)
+    if type(data) in (list, tuple):
+        return type(data)(_tensors_mapped(x, fn) for x in data)
+    if type(data) is dict:
+        return {k: _tensors_mapped(v, fn) for k, v in data.items()}
+    return data
+
+
+def _in_shared_memory(data: Any) -> Any:
+    """``data``'s tensors in shared memory, as a stock worker's batch reaches the main process (the batch tensor is
+    made there; the small ones, such as the targets, are moved)."""
+    def share(t: Any) -> Any:
+        return t if t.is_shared() or t.device.type != "cpu" else t.share_memory_()
+
+    return _tensors_mapped(data, share)
+
+
+def _as_inference(data: Any) -> Any:
+    """``data``'s tensors as inference tensors over the same memory: what stock's main process rebuilds from a
+    worker's batch under ``torch.inference_mode()``."""
+    import torch
+
+    def rebuild(t: Any) -> Any:
+        if t.is_inference() or t.requires_grad:
+            return t
+        out = torch.empty((0,), dtype=t.dtype, device=t.device)
+        return out.set_(t.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+
+    return _tensors_mapped(data, rebuild)
 
 
 def _default_collate() -> Any:
@@ -493,17 +613,25 @@ def _stock_get_iterator(make: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 
 def _make_iterator_class() -> type:
+    import torch
     from torch.utils.data import _utils
-    from torch.utils.data.dataloader import _BaseDataLoaderIter
+    from torch.utils.data.dataloader import _BaseDataLoaderIter, _MultiProcessingDataLoaderIter
 
-    class VirtualWorkersIter(_BaseDataLoaderIter):
+    class VirtualWorkersIter(_MultiProcessingDataLoaderIter):
         """``num_workers=N`` as N streams in this process (the module's docstring): the main process's side is
-        stock's ``_MultiProcessingDataLoaderIter``'s, the workers' batches are loaded ahead by the producers."""
+        stock's ``_MultiProcessingDataLoaderIter``'s, the workers' batches are loaded ahead by the producers.
+
+        An instance of stock's class, as the iterator of a loader with workers is (Lightning shuts its workers down
+        through ``isinstance``), with every method that reaches a worker process replaced; its profiler label is
+        stock's."""
 
         def __init__(self, loader: Any, kernel: Any, render_threads: int, uint8: bool) -> None:
             # stock's warnings (from its multi-process iterator's own line), the sampler's iterator, the base seed
             # (as stock draws it)
             _base_init()(self, loader)
+            self._profile_name = f"enumerate(DataLoader)#{_MultiProcessingDataLoaderIter.__name__}.__next__"
+            self._shutdown = False
+            self._workers: list[Any] = []
             self._prefetch_factor = loader.prefetch_factor
             self._kernel = kernel
             found = _lightning_init(loader.worker_init_fn)
@@ -522,7 +650,7 @@ def _make_iterator_class() -> type:
                 import torch
 
                 self._ctx.pin = (getattr(self, "_pin_memory_device", None), torch.accelerator.current_device_index())
-            self._producers = _producers_for(producers(self._num_workers))
+            self._producers = _producers_for(self._num_workers)
             self._tasks: dict[int, Task] = {}
             self._epoch = 0
             self.uint8 = uint8
@@ -543,7 +671,7 @@ def _make_iterator_class() -> type:
                 # move on by those draws, whatever the last epoch took
                 for task in self._tasks.values():
                     task.done.wait()
-            super()._reset(loader, first_iter)
+            _BaseDataLoaderIter._reset(self, loader, first_iter)  # (not the processes' reset: no worker is there)
             self._epoch += 1
             self._tasks = {}
             self._send_idx = 0
@@ -569,26 +697,51 @@ def _make_iterator_class() -> type:
                 if not self._persistent_workers:
                     self._shutdown_workers()
                 raise StopIteration
-            task = self._tasks.pop(self._rcvd_idx)
-            self._rcvd_idx += 1
-            if not task.done.wait(self._timeout if self._timeout > 0 else None):
+            task = self._tasks[self._rcvd_idx]
+            if not self._wait(task):  # (the batch stays pending: a later call returns it, as stock's does)
                 raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
+            del self._tasks[self._rcvd_idx]
+            self._rcvd_idx += 1
             data = task.data
             self._try_put_index()
+            if task.died is not None:
+                raise task.died
             if isinstance(data, _utils.ExceptionWrapper):
                 data.reraise()
+            if torch.is_inference_mode_enabled() and not self._pin_memory:
+                data = _as_inference(data)  # (stock rebuilds a worker's batch in this thread's mode)
             return data
 
+        def _wait(self, task: Task) -> bool:
+            """Wait for ``task``: the loader's ``timeout``, else as long as the producers live."""
+            if self._timeout > 0:
+                return task.done.wait(self._timeout)
+            while not task.done.wait(stand_in.WATCH_INTERVAL):
+                if not self._producers.alive():
+                    raise RuntimeError("DataLoader's virtual workers stopped: no thread loads its batches")
+            return True
+
         def _shutdown_workers(self) -> None:
-            """What stock's shutdown is to its workers: the tasks not loaded yet are dropped."""
+            """What stock's shutdown is to its workers: the tasks not loaded yet are dropped, the stand-ins end."""
+            if getattr(self, "_shutdown", True):
+                return
+            self._shutdown = True
             self._ctx.closed = True
+            self._ctx.stand_ins_procs.close()
 
         def describe(self) -> dict[str, Any]:
             return {"workers": self._num_workers, "render_threads": self._ctx.render_threads,
-                    "stand_in_batches": self._ctx.stand_ins}
+                    "stand_in_batches": self._ctx.stand_ins,
+                    "stand_in_processes": self._ctx.stand_ins_procs.started}
 
         def __del__(self) -> None:
-            self._ctx.closed = True
+            ctx = getattr(self, "_ctx", None)
+            if ctx is not None:
+                ctx.closed = True
+                try:  # noqa: SIM105 - (contextlib may be gone at interpreter exit)
+                    ctx.stand_ins_procs.close()
+                except Exception:  # noqa: BLE001, S110 - at interpreter exit, where modules are going
+                    pass
 
     return VirtualWorkersIter
 
@@ -626,3 +779,6 @@ def _numpy_seeded() -> bool:
     from torch.utils.data._utils import worker
 
     return bool(getattr(worker, "HAS_NUMPY", True))
+
+
+forks.fresh_in_child(globals(), _jpeg_lock=threading.Lock, _producers_lock=threading.Lock)

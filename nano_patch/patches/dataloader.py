@@ -6,9 +6,9 @@ Lightning's checks and injections (``seed_everything(workers=True)`` adds its se
 whose ``worker_init_fn`` is None) act as on stock. What it still does, none of which can change a batch
 (docs/reference.md lists it):
 
-- in worker processes, caps torch, OpenMP and OpenCV at one thread each. The cap is wrapped around the
-  user's ``worker_init_fn`` only while ``__iter__`` starts the workers, so ``loader.worker_init_fn``
-  always reads as the user left it;
+- where worker processes run, a step before the user's ``worker_init_fn`` (uint8 batches, below), wrapped
+  around it only while ``__iter__`` starts the workers, so ``loader.worker_init_fn`` always reads as the user
+  left it;
 - for image-folder datasets with a stock ``Compose`` ending in ``ToTensor``, workers send uint8 images
   and the main process finishes the batch with stock's own arithmetic (``data/uint8_batches.py``);
 - prepares the decoded-image cache where it is on;
@@ -131,7 +131,7 @@ class DataLoaderPatch(Patch):
                 return iterator
             if fetch.patched_dataset(instance.dataset):
                 native.check_all()  # (once here: every worker inherits the verdicts instead of checking again)
-            # Workers read ``worker_init_fn`` as the iterator starts them: the caps go around the user's function
+            # Workers read ``worker_init_fn`` as the iterator starts them: the step goes around the user's function
             # for exactly that moment, and the attribute reads as the user left it afterwards.
             with _start_lock:
                 user_fn = instance.worker_init_fn

@@ -35,7 +35,7 @@ from typing import Any
 
 from PIL import Image
 
-from .. import report
+from .. import forks, report
 from . import tensor_tail
 from .image import FastImage
 from .pixel_ops import RenderFailed, TensorTail  # noqa: F401 - (RenderFailed) where the batch loader finds it
@@ -321,3 +321,6 @@ def _record_tail(x: Recording, tail: Tail, uint8: bool, last: bool) -> Recording
         report.stats.count("vision_transforms", True, " + ".join(type(s).__name__ for s in tail.steps))
     x.ops.append(end)
     return x
+
+
+forks.fresh_in_child(globals(), _plans_lock=threading.Lock)

@@ -2,7 +2,7 @@
 
 The result always equals stock ``PIL.Image.open(path).convert("RGB")``: the file's bytes, not its
 extension, decide the decoder; CMYK/YCCK JPEGs and every other format go through PIL; a corrupt or
-truncated file raises PIL's exception, its message PIL's, with the path in a note (``add_note``).
+truncated file raises PIL's exception, its message PIL's.
 
 PIL's guards stay: before libjpeg-turbo allocates a pixel, :func:`check_open` applies what stock's
 ``Image.open`` does to the header (the installed PIL's decompression-bomb rule, read at call time,
@@ -334,16 +334,9 @@ def decode_jpeg_native(path: str | os.PathLike[str], *, checked: bool = False) -
 
 
 def pil_open_rgb(path: str | os.PathLike[str]) -> Image.Image:
-    """Stock ``Image.open(path).convert("RGB")``: stock's error, its message unchanged, the path in a note
-    (``BaseException.add_note``: tracebacks show it, ``str(error)`` is stock's)."""
-    try:
-        with open(path, "rb") as f:
-            img = Image.open(f)
-            rgb = img.convert("RGB")
-            _stash_info(path, rgb.info)
-            return rgb
-    except (OSError, SyntaxError, ValueError) as exc:
-        where = str(os.fspath(path))
-        if where not in str(exc) and not any(where in note for note in getattr(exc, "__notes__", ())):
-            exc.add_note(f"while reading {where}")
-        raise
+    """Stock ``Image.open(path).convert("RGB")``: stock's error, its message and notes unchanged."""
+    with open(path, "rb") as f:
+        img = Image.open(f)
+        rgb = img.convert("RGB")
+        _stash_info(path, rgb.info)
+        return rgb

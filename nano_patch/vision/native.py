@@ -24,6 +24,8 @@ import threading
 from collections.abc import Callable
 from types import ModuleType
 
+from .. import forks
+
 #: The kernels, each checked on its own: the name ``nano-patch status`` shows, and what it stands for.
 KERNELS = {
     "resample": "resize (bilinear, bicubic, lanczos, box, hamming), crop and flip folded in",
@@ -242,3 +244,6 @@ def reset() -> None:
         native_checks.forget()
         _verdicts.clear()
         _passed.clear()
+
+
+forks.fresh_in_child(globals(), _lock=threading.RLock)

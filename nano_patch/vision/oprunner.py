@@ -16,14 +16,16 @@ sample's slot of one preallocated batch tensor, laid out as ``default_collate``'
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .. import report
+from .. import forks, report
 from . import native, native_checks, native_kernels
 from .batch_slots import mark_slot
 from .pixel_ops import OP_CROP, OP_KERNELS, RenderFailed, TensorTail
@@ -335,12 +337,27 @@ def batch_tensor(jobs: list[NativeRun]) -> Any:
     return base
 
 
+_shared_here = threading.local()
+
+
+@contextlib.contextmanager
+def batches_in_shared_memory(on: bool = True) -> Iterator[None]:
+    """While this runs, this thread's batch tensors are made in shared memory, as in a worker process (a virtual
+    worker's batches: stock's reach the main process in shared memory)."""
+    before = getattr(_shared_here, "on", False)
+    _shared_here.on = on
+    try:
+        yield
+    finally:
+        _shared_here.on = before
+
+
 def _batch_memory(shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any) -> Any:
     """An uninitialised batch tensor of this layout; in a DataLoader worker process, in shared memory, as stock's
     ``default_collate`` allocates a worker's batch (it crosses to the main process without a copy)."""
     import torch
 
-    if torch.utils.data.get_worker_info() is None:
+    if torch.utils.data.get_worker_info() is None and not getattr(_shared_here, "on", False):
         return torch.empty_strided(shape, strides, dtype=dtype)
     numel = 1 + sum((n - 1) * st for n, st in zip(shape, strides)) if all(shape) else 0
     storage = torch.UntypedStorage._new_shared(numel * dtype.itemsize)
@@ -440,3 +457,6 @@ def prepare_batch(recordings: list[Recording | NativeRun | None]) -> list[Native
     if jobs and all(j is not None for j in jobs):
         batch_tensor(jobs)  # type: ignore[arg-type]
     return jobs
+
+
+forks.fresh_in_child(globals(), _ready_lock=threading.Lock, _layouts_lock=threading.Lock)

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import forks
 from . import functional as K
 from .native_kernels import FILTERS
 from .pixels import Pixels, grey_by_position
@@ -281,3 +282,6 @@ class ImageEnd(Op):
     def apply(self, px: Pixels) -> Any:
         img = px.image()
         return img if self.fast_in else img.to_plain()
+
+
+forks.fresh_in_child(globals(), _point_tables_lock=threading.Lock)

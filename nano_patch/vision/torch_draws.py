@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from .. import forks
+
 #: words of a draw state: the twister's 624, then ``left`` and ``next`` as torch keeps them
 STATE_WORDS = 626
 #: outputs a run's draws may take from torch's generator (a batch takes about 20 a sample)
@@ -388,3 +390,6 @@ def _same_state(draws: TorchDraws, g: Any) -> bool:
     import torch
 
     return torch.equal(g.get_state(), draws.torch_state())
+
+
+forks.fresh_in_child(globals(), _log_ratios_lock=threading.Lock)

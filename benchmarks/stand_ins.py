@@ -1,0 +1,134 @@
+"""Epochs whose every batch holds a JPEG the fast path cannot take (EXIF orientation data, or CMYK): the virtual
+workers' stand-in processes against stock's worker processes.
+
+An ImageFolder of real-photo JPEGs (``examples/make_photo_folder.py``) in which every ``--every``-th file is
+re-saved with EXIF data (``--kind exif``) or as CMYK (``--kind cmyk``), so that with batch 64 every batch needs
+stock's code for some of its samples. Pets pipeline, ``num_workers=2``, ``shuffle=True``, the default
+``persistent_workers=False``; each configuration in a fresh process (``loader_threads.py``'s child set-up), timing
+whole epochs (the workers' start included, as a script sees it), rounds interleaved, medians:
+
+- ``stock``: stock's worker processes;
+- ``patched``: the patch, virtual workers (the fast path, and each worker's stand-in for what it gives back);
+- ``patched (before)``, with ``--before CHECKOUT``: another source tree's patch, for a before/after comparison.
+
+    python benchmarks/stand_ins.py [--kind exif|cmyk] [--rounds 3] [--per-class 100] [--epochs 3]
+
+Results: ``benchmarks/results/stand_ins_<kind>.{json,png}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+
+from loader_threads import LOADER_SETUP, run_child  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+
+CHILD = "import json, os, sys, time\n" + LOADER_SETUP + r"""
+n, t = 0, time.perf_counter()
+for _ in range(cfg["epochs"]):
+    it = iter(loader)
+    for x, y in it:
+        n += len(y)
+seconds = time.perf_counter() - t
+out = {"images_per_s": n / seconds, "epoch_s": seconds / cfg["epochs"], "iterator": type(it).__name__}
+if hasattr(it, "describe"):
+    out["describe"] = it.describe()
+print(json.dumps(out))
+"""
+
+
+def mark(root: Path, kind: str, every: int) -> int:
+    """Re-save every ``every``-th JPEG under ``root`` with EXIF data or as CMYK; how many were."""
+    from PIL import Image
+
+    files = sorted(root.rglob("*.jpg"))
+    for path in files[::every]:
+        im = Image.open(path)
+        im.load()
+        if kind == "cmyk":
+            im.convert("CMYK").save(path, quality=90)
+        else:
+            exif = Image.Exif()
+            exif[0x0112] = 1  # orientation: as stored (the pixels are unchanged; the file now carries EXIF data)
+            exif[0x010F] = "camera"
+            im.save(path, quality=90, exif=exif)
+    return len(files[::every])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kind", choices=["exif", "cmyk"], default="exif")
+    ap.add_argument("--every", type=int, default=16, help="one file in this many is marked")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--per-class", type=int, default=100, help="photos per class, 3 classes")
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--before", metavar="CHECKOUT", help="another nano-patch source tree, run as 'patched (before)'")
+    ap.add_argument("--stem", default=None)
+    args = ap.parse_args()
+    from make_photo_folder import build
+    from train import _cpu_name
+
+    result: dict = {"machine": _cpu_name(), "python": platform.python_version(), "kind": args.kind,
+                    "every": args.every, "rounds": args.rounds, "epochs": args.epochs, "workers": args.workers,
+                    "runs": {}}
+    rows = {"stock": ({"side": "stock"}, None), "patched": ({"side": "patched"}, None)}
+    if args.before:
+        rows["patched (before)"] = ({"side": "patched"}, args.before)
+    began = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = build(Path(tmp) / "photos", args.per_class) / "train"
+        result["marked"] = mark(root, args.kind, args.every)
+        base = {"root": str(root), "batch": 64, "cache_dir": str(Path(tmp) / "cache"), "pipeline": "pets",
+                "cache": "off", "threads": "auto", "workers": args.workers, "persistent": False,
+                "epochs": args.epochs}
+        for r in range(args.rounds):
+            for name in (list(rows) if r % 2 == 0 else list(rows)[::-1]):
+                cfg, checkout = rows[name]
+                got = run_child(CHILD, {**base, **cfg}, checkout)
+                result["runs"].setdefault(name, []).append(got)
+                print(f"round {r}: {name}: {got['images_per_s']:.0f} images/s ({got['iterator']}"
+                      f"{', ' + json.dumps(got['describe']) if 'describe' in got else ''})", flush=True)
+    result["medians"] = {name: statistics.median(run["images_per_s"] for run in runs)
+                         for name, runs in result["runs"].items()}
+    result["total_s"] = time.perf_counter() - began
+    stem = args.stem or f"stand_ins_{args.kind}"
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2))
+    chart(result, RESULTS / f"{stem}.png")
+    stock = result["medians"]["stock"]
+    print(f"\n{result['machine']}; pets, batch 64, num_workers={args.workers}, one {args.kind} JPEG in "
+          f"{args.every}; medians of {args.rounds} interleaved rounds")
+    for name, ips in result["medians"].items():
+        print(f"| {name} | {ips:.0f} images/s | {ips / stock:.2f}x stock |")
+
+
+def chart(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(result["medians"])
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.barh(names, [result["medians"][n] for n in names], color="#4c72b0")
+    ax.set_xlabel("images/s (whole epochs, workers' start included)")
+    ax.set_title(f"one {result['kind']} JPEG in {result['every']}, num_workers={result['workers']}: "
+                 f"{result['machine']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
