@@ -307,8 +307,6 @@ def _processes_cases(folder: Path) -> dict[str, tuple[Any, str]]:
                        "the dataset's own loader"),
         "collate_fn": (lambda: DataLoader(ds(), batch_size=4, num_workers=2, collate_fn=_own_collate),
                        "the loader's own collate_fn"),
-        "spawn": (lambda: DataLoader(ds(), batch_size=4, num_workers=2, multiprocessing_context="spawn"),
-                  "does not fork"),
     }
 
 
@@ -323,14 +321,6 @@ def test_loaders_that_keep_processes_say_why_and_give_stocks_batches(folder, cas
     nano_patch.unpatch_torch()
     _, patched = _stock_and_patched(make, seed=4, epochs=1)
     assert _iterators(patched) == ["_MultiProcessingDataLoaderIter"]
-
-
-def test_spawned_workers_stay_processes(folder):
-    from nano_patch.data import virtual_workers
-
-    make, reason = _processes_cases(folder)["spawn"]
-    nano_patch.patch_torch()
-    assert reason in virtual_workers.why_not(make(), "auto")
 
 
 def test_a_folder_with_other_files_keeps_processes(tmp_path, photos):

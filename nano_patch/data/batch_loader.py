@@ -15,13 +15,13 @@ samples of a batch:
 - **take** (the calling thread, sample by sample): the dataset's ``target_transform``, called with the
   generators where stock has them after that sample's draws; then cache misses go into the decoded-image cache.
 
-A sample that needs stock's own code (a file that fails, a truncated JPEG, a step that needs pixels while it
-draws) is loaded one by one at its place, from stock's state before it, its open stage not run again, and the
-batch path resumes after it: every user callable runs as often as on stock, in stock's order relative to every
-draw; every warning is given once; an error comes at stock's sample with stock's generators. A
-``target_transform`` that changes a global generator makes that dataset load one by one from there on. A Compose
-whose steps need pixels while they draw (a transform the plan does not know, AugMix, a step after the tensor
-tail) is not split: its dataset keeps the one-by-one path, and the run report says why.
+A sample that needs stock's own code (a file that fails, a truncated JPEG, a step that needs pixels while it draws,
+a crop box PIL's size check warns or raises for) is loaded one by one at its place, from stock's state before it,
+its open stage not run again, and the batch path resumes after it: every user callable runs as often as on stock, in
+stock's order relative to every draw; every warning is given once; an error comes at stock's sample with stock's
+generators. A ``target_transform`` that changes a global generator makes that dataset load one by one from there on.
+A Compose whose steps need pixels while they draw (a transform the plan does not know, AugMix, a step after the
+tensor tail) is not split: its dataset keeps the one-by-one path, and the run report says why.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import config, report
+from .. import config, forks, report
 from ..vision import (
     cache,
     compose_call,
@@ -795,3 +795,6 @@ def _load_drawn(dataset: Any, owner: Any, entries: list[tuple[Any, Any]], draws:
     if store is not None:
         _store_misses(store, jobs, outcomes, 0.0, n_threads)
     return [(r.sample, target) for (_, r), target in zip(outcomes, targets)]
+
+
+forks.fresh_in_child(globals(), _one_by_one_lock=threading.Lock, _draw_lock=threading.Lock)

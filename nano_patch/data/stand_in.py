@@ -38,6 +38,8 @@ import numpy as np
 #: How often (seconds) a waiting process checks that its parent lives (stock's MP_STATUS_CHECK_INTERVAL is 5).
 WATCH_INTERVAL = 1.0
 _PID = struct.Struct("!q")
+#: what the main process sends the template to end it (a worker's id is never negative)
+_STOP = -1
 
 
 @dataclass
@@ -69,7 +71,8 @@ class StandIns:
     """The stand-in processes of one iterator: the template, forked now, and worker ``k``'s stand-in, forked from it
     on first use. ``dataset``: the snapshot stock's fetch loads from."""
 
-    def __init__(self, dataset: Any, num_workers: int, base_seed: int, collate_fn: Any, drop_last: bool) -> None:
+    def __init__(self, dataset: Any, num_workers: int, base_seed: int, collate_fn: Any, drop_last: bool,
+                 fresh_context: Any = None) -> None:
         import multiprocessing
 
         import torch.multiprocessing  # noqa: F401 - its reductions: the batch's tensors cross as shared memory
@@ -78,6 +81,14 @@ class StandIns:
         self._workers: dict[int, tuple[int, Any, threading.Lock]] = {}
         self._closed = False
         self._started = 0
+        #: under forkserver or spawn: the context that starts each stand-in as a fresh interpreter, as stock's
+        #: workers start (nothing is forked from this process: a fresh worker freezes nothing of it)
+        self._fresh = fresh_context
+        self._args = (dataset, num_workers, base_seed, collate_fn, drop_last)
+        self._procs: list[Any] = []
+        if fresh_context is not None:
+            self._template = None
+            return
         mine, theirs = socket.socketpair()
         self._control = mine
         # (a process forked from the main thread may die with its parent's death signal; from another thread, the
@@ -106,30 +117,49 @@ class StandIns:
         return Loaded(*got)
 
     def _worker(self, worker_id: int) -> tuple[int, Any, threading.Lock]:
-        from multiprocessing.connection import Connection
-
         with self._lock:
             found = self._workers.get(worker_id)
             if found is not None:
                 return found
             if self._closed:
                 raise WorkerDied("DataLoader worker (pid(s) ) exited unexpectedly: the iterator was shut down")
-            try:
-                self._control.sendall(_PID.pack(worker_id))
-                ready, _, _ = select.select([self._control], [], [], 60.0)
-                if not ready:
-                    raise OSError("no answer")
-                msg, fds, _, _ = socket.recv_fds(self._control, _PID.size, 1)
-            except OSError:
-                raise WorkerDied(f"DataLoader worker (pid(s) {self._template.pid}) exited unexpectedly") from None
-            if len(msg) != _PID.size or len(fds) != 1:
-                for fd in fds:
-                    os.close(fd)
-                raise WorkerDied(f"DataLoader worker (pid(s) {self._template.pid}) exited unexpectedly")
-            found = (_PID.unpack(msg)[0], Connection(fds[0]), threading.Lock())
+            found = self._start_fresh(worker_id) if self._fresh is not None else self._fork(worker_id)
             self._workers[worker_id] = found
             self._started += 1
             return found
+
+    def _start_fresh(self, worker_id: int) -> tuple[int, Any, threading.Lock]:
+        """Worker ``worker_id``'s stand-in as a fresh interpreter of the loader's start method (the dataset crosses
+        as a pickle, the main module is imported as ``__mp_main__``: stock's worker start)."""
+        mine, theirs = self._fresh.Pipe()
+        proc = self._fresh.Process(target=_fresh_stand_in, name=f"nano-patch-stand-in-{worker_id}", daemon=True,
+                                   args=(theirs, worker_id, *self._args))
+        try:
+            proc.start()
+        except Exception as exc:  # noqa: BLE001 - (the dataset pickled when the iterator started)
+            raise WorkerDied(f"DataLoader worker (pid(s) {proc.pid}) exited unexpectedly: {exc}") from None
+        finally:
+            theirs.close()
+        self._procs.append(proc)
+        return proc.pid, mine, threading.Lock()
+
+    def _fork(self, worker_id: int) -> tuple[int, Any, threading.Lock]:
+        """Worker ``worker_id``'s stand-in, forked by the template."""
+        from multiprocessing.connection import Connection
+
+        try:
+            self._control.sendall(_PID.pack(worker_id))
+            ready, _, _ = select.select([self._control], [], [], 60.0)
+            if not ready:
+                raise OSError("no answer")
+            msg, fds, _, _ = socket.recv_fds(self._control, _PID.size, 1)
+        except OSError:
+            raise WorkerDied(f"DataLoader worker (pid(s) {self._template.pid}) exited unexpectedly") from None
+        if len(msg) != _PID.size or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise WorkerDied(f"DataLoader worker (pid(s) {self._template.pid}) exited unexpectedly")
+        return _PID.unpack(msg)[0], Connection(fds[0]), threading.Lock()
 
     @property
     def started(self) -> int:
@@ -143,11 +173,22 @@ class StandIns:
                 return
             self._closed = True
             workers, self._workers = list(self._workers.values()), {}
-        with contextlib.suppress(OSError):
-            self._control.close()  # the template sees the end of its socket: it ends its stand-ins, then itself
         for _, conn, _ in workers:
             with contextlib.suppress(OSError):
-                conn.close()
+                conn.close()  # (a stand-in sees the end of its connection and exits)
+        if self._template is None:
+            for proc in self._procs:
+                proc.join(timeout=WATCH_INTERVAL if wait else 0)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join(timeout=WATCH_INTERVAL if wait else 0)
+            return
+        with contextlib.suppress(OSError):
+            # said, not only closed: a process forked since holds a copy of this end, so the template might never
+            # see it close (it would still see this process go)
+            self._control.sendall(_PID.pack(_STOP))
+        with contextlib.suppress(OSError):
+            self._control.close()  # the template ends its stand-ins, then itself
         if wait:
             self._template.join(timeout=2 * WATCH_INTERVAL)
             if self._template.is_alive():
@@ -194,17 +235,25 @@ def _template(control: socket.socket, main_end: socket.socket, main_pid: int, ma
             if len(msg) != _PID.size:
                 return  # the iterator is done with its stand-ins
             worker_id = _PID.unpack(msg)[0]
+            if worker_id == _STOP:
+                return
             ours, theirs = socket.socketpair()
             pid = os.fork()
             if pid == 0:  # worker ``worker_id``'s stand-in
                 code = 1
                 try:
+                    import multiprocessing.util
+
                     _die_with(os.getppid())
+                    multiprocessing.util._run_after_forkers()  # (as a forked Process: the resource sharer afresh)
                     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                     control.close()
                     ours.close()
-                    code = _stand_in(theirs, os.getppid(), dataset, worker_id, num_workers, base_seed, collate_fn,
-                                     drop_last)
+                    from multiprocessing.connection import Connection
+
+                    code = _stand_in(Connection(theirs.detach()), os.getppid(), dataset, worker_id, num_workers,
+                                     base_seed, collate_fn, drop_last)
                 finally:
                     os._exit(code)
             children.append(pid)
@@ -217,20 +266,25 @@ def _template(control: socket.socket, main_end: socket.socket, main_pid: int, ma
                 os.kill(pid, signal.SIGKILL)
 
 
-def _stand_in(conn_socket: socket.socket, template_pid: int, dataset: Any, worker_id: int, num_workers: int,
-              base_seed: int, collate_fn: Any, drop_last: bool) -> int:
-    """Worker ``worker_id``'s stand-in: stock's ``_worker_loop`` set-up, then its fetch of each batch it is sent."""
-    import multiprocessing.util
-    from multiprocessing.connection import Connection
+def _fresh_stand_in(conn: Any, worker_id: int, dataset: Any, num_workers: int, base_seed: int, collate_fn: Any,
+                    drop_last: bool) -> None:
+    """A stand-in started as a fresh interpreter (forkserver, spawn): its parent is the one that started it."""
+    parent = os.getppid()
+    _die_with(parent)
+    code = _stand_in(conn, parent, dataset, worker_id, num_workers, base_seed, collate_fn, drop_last)
+    if code:
+        raise SystemExit(code)
 
+
+def _stand_in(conn: Any, parent: int, dataset: Any, worker_id: int, num_workers: int, base_seed: int,
+              collate_fn: Any, drop_last: bool) -> int:
+    """Worker ``worker_id``'s stand-in: stock's ``_worker_loop`` set-up, then its fetch of each batch it is sent,
+    while ``parent`` lives."""
     import torch
     from torch._utils import ExceptionWrapper
     from torch.utils.data import _DatasetKind
     from torch.utils.data._utils import signal_handling, worker
 
-    multiprocessing.util._run_after_forkers()  # (as a forked Process does: the resource sharer starts afresh)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    conn = Connection(conn_socket.detach())
     signal_handling._set_worker_signal_handlers()
     torch.multiprocessing._set_thread_name("pt_data_worker")
     torch.set_num_threads(1)
@@ -239,7 +293,7 @@ def _stand_in(conn_socket: socket.socket, template_pid: int, dataset: Any, worke
     fetcher = None
     while True:
         while not conn.poll(WATCH_INTERVAL):
-            if _parent_gone(template_pid):
+            if _parent_gone(parent):
                 return 0
         try:
             batch = conn.recv()

@@ -49,9 +49,9 @@ import numpy as np
 from .. import forks, report, sysinfo
 from . import stand_in, worker_state
 
-#: Start methods under which a worker is a fork of this process (a spawned worker imports the script again: user
-#: code runs there, and nothing of it can be reproduced here).
-_FORKED = (None, "fork")
+#: Start methods whose workers virtual workers reproduce: a fork of this process (its state frozen when the iterator
+#: starts), or a fresh interpreter (forkserver, spawn: the defaults, the dataset a pickle round trip).
+_START_METHODS = ("fork", "forkserver", "spawn")
 #: DataLoader methods that make its iterator: a subclass that overrides one keeps stock's path, where it runs.
 _LOADER_METHODS = ("__iter__", "_get_iterator", "_index_sampler", "check_worker_number_rationality",
                    "_auto_collation")
@@ -126,11 +126,13 @@ def why_not(loader: Any, loader_threads: int | str) -> str | None:
 
     if loader_threads == "off":
         return "loader_threads is off"
-    if loader.multiprocessing_context is not None and \
-            getattr(loader.multiprocessing_context, "_name", None) not in _FORKED:
-        return "a multiprocessing_context that does not fork"
-    if not _forks_by_default(loader):
-        return "the start method does not fork"
+    method = start_method(loader)
+    if method not in _START_METHODS:
+        return f"the start method {method!r}"
+    if method != "fork":
+        differs = worker_state.differs_from_fresh()
+        if differs:
+            return f"a fresh {method} worker would not see this process's {differs}"
     overridden = [name for name in _LOADER_METHODS if _defined_by(type(loader), name) is not data.DataLoader]
     if overridden:
         return f"{type(loader).__name__} overrides DataLoader.{overridden[0]} (stock's path runs it)"
@@ -165,12 +167,24 @@ def _defined_by(cls: type, name: str) -> type | None:
     return next((c for c in cls.__mro__ if name in vars(c)), None)
 
 
-def _forks_by_default(loader: Any) -> bool:
-    if loader.multiprocessing_context is not None:
-        return True
+def start_method(loader: Any) -> str:
+    """The start method of ``loader``'s workers: its ``multiprocessing_context``'s, else the interpreter's (which
+    Python 3.14 makes forkserver on Linux), read without fixing it."""
+    context = loader.multiprocessing_context
+    if context is not None:
+        return str(context.get_start_method())
     import torch.multiprocessing as mp
 
-    return mp.get_start_method(allow_none=True) in _FORKED
+    return mp.get_start_method(allow_none=True) or mp.get_all_start_methods()[0]
+
+
+def fresh_context(loader: Any) -> Any:
+    """The context that starts ``loader``'s workers, where they are fresh interpreters; None where they fork."""
+    if start_method(loader) == "fork":
+        return None
+    import torch.multiprocessing as mp
+
+    return loader.multiprocessing_context or mp.get_context(start_method(loader))
 
 
 def _root(dataset: Any) -> tuple[Any, Any]:
@@ -225,6 +239,19 @@ class Snapshot:
     dataset: Any
     owner: Any
     chain: list[tuple[Any, ...]]
+
+    @classmethod
+    def fresh(cls, dataset: Any) -> Snapshot:
+        """The dataset as a fresh worker gets it: a pickle round trip (as the start method pickles it for each
+        worker). Raises where it does not pickle (stock's workers then raise it, starting)."""
+        import pickle
+        from multiprocessing.reduction import ForkingPickler
+
+        root, _ = _root(dataset)
+        copied = pickle.loads(ForkingPickler.dumps(dataset))  # noqa: S301 - our own bytes, made just now
+        snap_root, subsets = _root(copied)
+        chain = [tuple(s.indices) if not isinstance(s.indices, range) else s.indices for s in subsets]
+        return cls(snap_root, root, chain)
 
     @classmethod
     def of(cls, dataset: Any) -> Snapshot:
@@ -304,7 +331,7 @@ class _Context:
     """What an iterator's tasks share with the producers: the snapshot, how to load and collate a batch, and whether
     the iterator is still in use (a dropped iterator's tasks are skipped, as stock's shut-down workers drop theirs)."""
 
-    def __init__(self, loader: Any, snapshot: Snapshot, base_seed: int, render_threads: int) -> None:
+    def __init__(self, loader: Any, snapshot: Snapshot, base_seed: int, render_threads: int, fresh: Any) -> None:
         self.snapshot = snapshot
         self.base_seed = base_seed
         self.num_workers = loader.num_workers
@@ -323,7 +350,7 @@ class _Context:
         self.state = worker_state.capture()
         #: the stand-in processes, forked now (as stock forks its workers)
         self.stand_ins_procs = stand_in.StandIns(snapshot.stock_dataset(), loader.num_workers, base_seed,
-                                                 loader.collate_fn, loader.drop_last)
+                                                 loader.collate_fn, loader.drop_last, fresh)
 
 
 class _Producers:
@@ -573,14 +600,23 @@ def iterator_class() -> type:
 def start(loader: Any, loader_threads: int | str, uint8: bool = False) -> Any:
     """A virtual-worker iterator over ``loader`` (whose workers :func:`why_not` said may run here), started where
     stock's ``_get_iterator`` starts its worker processes (its checks and warnings, from its own line); ``uint8``:
-    its batches stop before the tensor tail, which the device finishes."""
+    its batches stop before the tensor tail, which the device finishes. None where the dataset does not pickle
+    for a fresh worker (stock's workers then raise stock's error, where they start)."""
     from ..vision import native
 
+    fresh = fresh_context(loader)
+    if fresh is None:
+        snapshot = Snapshot.of(loader.dataset)
+    else:
+        try:
+            snapshot = Snapshot.fresh(loader.dataset)
+        except Exception:  # noqa: BLE001 - stock's start raises it, from its own line
+            return None
     kernel = native.kernel("torch_draws")
     cores = sysinfo.usable_cores()
     threads = min(int(loader_threads), cores) if isinstance(loader_threads, int) else min(loader.num_workers, cores)
     cls = iterator_class()
-    return _stock_get_iterator(lambda loader: cls(loader, kernel, max(1, threads), uint8))(loader)
+    return _stock_get_iterator(lambda loader: cls(loader, kernel, max(1, threads), uint8, snapshot, fresh))(loader)
 
 
 _get_iterators: dict[Any, Callable[[Any], Any]] = {}
@@ -625,7 +661,8 @@ def _make_iterator_class() -> type:
         through ``isinstance``), with every method that reaches a worker process replaced; its profiler label is
         stock's."""
 
-        def __init__(self, loader: Any, kernel: Any, render_threads: int, uint8: bool) -> None:
+        def __init__(self, loader: Any, kernel: Any, render_threads: int, uint8: bool, snapshot: Snapshot,
+                     fresh: Any) -> None:
             # stock's warnings (from its multi-process iterator's own line), the sampler's iterator, the base seed
             # (as stock draws it)
             _base_init()(self, loader)
@@ -645,7 +682,7 @@ def _make_iterator_class() -> type:
                 for s in seeds:
                     s.numpy_seed = None
             self._streams = [Stream(k, s, kernel) for k, s in enumerate(seeds)]
-            self._ctx = _Context(loader, Snapshot.of(loader.dataset), self._base_seed, render_threads)
+            self._ctx = _Context(loader, snapshot, self._base_seed, render_threads, fresh)
             if self._pin_memory:  # pinned by the producers, where stock's pin-memory thread pins
                 import torch
 

@@ -15,13 +15,22 @@ What loading reads, and what is compared:
 
 The warning filters and the grad and inference modes a worker runs under are frozen by the stand-in's fork alone:
 the fast path never warns (it gives back every sample PIL would warn about) and makes no tensor that records grad.
+
+Under forkserver and spawn a worker is a fresh interpreter instead: it starts from the modules' defaults
+(:func:`fresh`), not from this process's state. Virtual workers run there only while the two agree
+(:func:`differs_from_fresh`); the stand-ins are then fresh interpreters of that start method themselves.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any
+
+#: ``PIL.Image.MAX_IMAGE_PIXELS`` as PIL's module sets it on import (a quarter gigabyte of 3-byte pixels);
+#: ``tests/test_virtual_worker_contract.py`` checks it against a fresh interpreter's.
+_PIL_DEFAULT_MAX_IMAGE_PIXELS = int(1024 * 1024 * 1024 // 4 // 3)
 
 
 @dataclass(frozen=True)
@@ -34,6 +43,24 @@ class WorkerState:
     def is_live(self) -> bool:
         """Whether this process's state is still the captured one (the fast path may load a batch now)."""
         return self == capture()
+
+
+def fresh() -> WorkerState:
+    """The state a fresh interpreter's worker (forkserver, spawn) starts with: the modules' defaults, and this
+    process's working directory (the start method passes it on)."""
+    import torch
+
+    return dataclasses.replace(capture(), default_dtype=torch.float32, load_truncated_images=False,
+                               max_image_pixels=_PIL_DEFAULT_MAX_IMAGE_PIXELS)
+
+
+def differs_from_fresh() -> str:
+    """What of this process's state a fresh worker would not see ("" where nothing differs): the main module may
+    have set it at its top level (a fresh worker imports it and sets it too) or in its ``__main__`` block (it does
+    not), which cannot be told apart from here."""
+    now, start = capture(), fresh()
+    return ", ".join(f"{f.name} ({getattr(now, f.name)!r})" for f in dataclasses.fields(WorkerState)
+                     if getattr(now, f.name) != getattr(start, f.name))
 
 
 def capture() -> WorkerState:

@@ -121,11 +121,13 @@ class DataLoaderPatch(Patch):
             n = instance.num_workers
             why = (virtual_workers.why_not(instance, options.loader_threads) if options.virtual_workers
                    else "virtual_workers is off")
-            report.count("dataloader", why is None, f"num_workers={n} as virtual workers in this process"
-                         if why is None else f"num_workers={n} in worker processes: {why}")
             instance._nano_workers_uint8 = uint8 is not None
             if why is None:
                 iterator = virtual_workers.start(instance, options.loader_threads, uint8 is not None)
+                why = "the dataset does not pickle for a fresh worker" if iterator is None else None
+            report.count("dataloader", why is None, f"num_workers={n} as virtual workers in this process"
+                         if why is None else f"num_workers={n} in worker processes: {why}")
+            if why is None:
                 if instance.persistent_workers:
                     instance._iterator = iterator
                 return iterator

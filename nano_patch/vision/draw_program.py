@@ -13,11 +13,12 @@ tail, the op runner's one call: :meth:`Program.report_counts`), so that the repo
 without it.
 
 What a step runner would do differently for some sample (a native draw that declines, a crop outside the image, a
-hue factor stock rejects, an output size of zero) makes :meth:`Program.draw` give the sample back untouched: the
-generator copy is put back where it was before the sample (from the last checkpoint, by drawing the samples since
-then again: draws run no user code and are deterministic), and the caller draws that sample by the plan, as
-before. Anything this module does not know at bind time (another step, a step's parameters the runner would not
-take, ``--report``'s per-step counts, pillow-simd's grey) gives no program: the plan's own path runs.
+crop box PIL's size check warns or raises for, a hue factor stock rejects, an output size of zero) makes
+:meth:`Program.draw` give the sample back untouched: the generator copy is put back where it was before the sample
+(from the last checkpoint, by drawing the samples since then again: draws run no user code and are deterministic),
+and the caller draws that sample by the plan, as before. Anything this module does not know at bind time (another
+step, a step's parameters the runner would not take, ``--report``'s per-step counts, pillow-simd's grey) gives no
+program: the plan's own path runs.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import numpy as np
 
 from . import compose_call, compose_plan, oprunner, steps, stock
 from . import pixel_ops as P
+from .functional import crop_checked
 from .native_kernels import FILTERS
 from .pixels import UseStock, grey_by_position
 from .recording import NotSplittable
@@ -187,9 +189,13 @@ def _make_resize_to(size: Any, interpolation: Any, max_size: Any, antialias: Any
 
 
 def _crop(records: list[Any], hw: tuple[int, int], top: int, left: int, height: int, width: int) -> bool:
-    """``Recording.crop``'s record, where the crop lies inside the image (else False: PIL's zero fill)."""
+    """``Recording.crop``'s record, where the crop lies inside the image (else False: PIL's zero fill) and PIL's
+    size check of its box cannot act (else False: the plan's path gives the sample to stock's code, which makes
+    that check where stock makes it; a quiet load gives its batch back)."""
     h, w = hw
     if not (top >= 0 and left >= 0 and height > 0 and width > 0 and top + height <= h and left + width <= w):
+        return False
+    if crop_checked(hw, top, left, height, width):
         return False
     records.append((P.OP_CROP, top, left, height, width, 0.0, None))
     return True

@@ -116,8 +116,46 @@ def vflip(a: np.ndarray) -> np.ndarray:
     return cv2().flip(_contig(a), 0)
 
 
+def crop_checked(hw: tuple[int, int], top: int, left: int, height: int, width: int) -> bool:
+    """Whether PIL's ``Image.crop`` of this box (``top``, ``left``, ``height``, ``width``, none negative) from an
+    image of ``hw`` makes its decompression-bomb check act: warn, or raise.
+
+    PIL checks every crop box's area against ``Image.MAX_IMAGE_PIXELS`` (read now, so that a limit the user
+    changes acts at once; None: no check), except a box that is the whole image, which it copies unchecked.
+    True also where the limit is not a plain int: PIL's own check then decides. Below the limit this is one
+    multiply and compare, so every planned crop can afford it.
+    """
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is None:
+        return False
+    if type(limit) is int and height > 0 and width > 0 and height * width <= limit:
+        return False
+    return not (top == 0 and left == 0 and height == hw[0] and width == hw[1])
+
+
+def check_crop_box(hw: tuple[int, int], top: int, left: int, height: int, width: int) -> None:
+    """PIL's own check of a crop box, as ``Image.crop`` makes it (its warning, from its line, or its error);
+    nothing where it cannot act. For the thread that draws, at the point where stock crops."""
+    if crop_checked(hw, top, left, height, width):
+        Image._decompression_bomb_check((abs(width), abs(height)))
+
+
 def crop(a: np.ndarray, top: int, left: int, height: int, width: int) -> np.ndarray:
-    """PIL's crop: a view when the box is inside the image, zero fill outside it."""
+    """torchvision's PIL ``crop`` (the patched backend's kernel): :func:`crop_pixels`, where PIL's crop would
+    neither check the box's size (:func:`crop_checked`) nor refuse it (a negative side). Else it raises, and the
+    backend runs stock's crop, which makes PIL's check itself: its warning or error, from PIL, where stock's is."""
+    whole = numbers.Integral
+    if not (isinstance(top, whole) and isinstance(left, whole) and isinstance(height, whole)
+            and isinstance(width, whole)):
+        raise TypeError("a crop box of other numbers: PIL rounds them, its own crop decides")
+    if height < 0 or width < 0 or crop_checked(a.shape[:2], top, left, height, width):
+        raise ValueError("a crop box PIL checks or refuses: PIL's own crop decides")
+    return crop_pixels(a, top, left, height, width)
+
+
+def crop_pixels(a: np.ndarray, top: int, left: int, height: int, width: int) -> np.ndarray:
+    """PIL's crop: a view when the box is inside the image, zero fill outside it. No size check: a plan's
+    renders call this on any thread, its draw having made the check (``pixels.Pixels.check_crop``)."""
     h, w = a.shape[:2]
     top, left, height, width = int(top), int(left), int(height), int(width)
     if top >= 0 and left >= 0 and top + height <= h and left + width <= w:
@@ -170,6 +208,12 @@ def pad(a: np.ndarray, padding: Any, fill: Any = 0, padding_mode: str = "constan
         p = list(padding)
     left, top, right, bottom = p
     h, w = a.shape[:2]
+    if min(p) < 0:
+        # stock crops the negative sides off through PIL's crop, which checks the box (or refuses an inverted
+        # one): stock's pad then decides
+        cut_h, cut_w = h - max(-top, 0) - max(-bottom, 0), w - max(-left, 0) - max(-right, 0)
+        if cut_h < 0 or cut_w < 0 or crop_checked((h, w), max(-top, 0), max(-left, 0), cut_h, cut_w):
+            raise ValueError("a pad that crops a box PIL checks or refuses: stock's pad decides")
     a = a[max(-top, 0) : h - max(-bottom, 0), max(-left, 0) : w - max(-right, 0)]
     left, top, right, bottom = (max(v, 0) for v in p)
     widths = ((top, bottom), (left, right)) + (((0, 0),) if a.ndim == 3 else ())

@@ -107,7 +107,12 @@ class Pixels:
             if self.flip:
                 left = w - left - width
             self.array()
-        self.base = K.crop(self.base, top, left, height, width)
+        self.base = K.crop_pixels(self.base, top, left, height, width)
+
+    def check_crop(self, top: int, left: int, height: int, width: int) -> None:
+        """PIL's size check of the crop box that :meth:`crop` is about to cut, made as stock's crop makes it: a
+        step calls this right after the crop's draws, before any later draw, in the thread that draws."""
+        K.check_crop_box(self.hw, top, left, height, width)
 
     def resize_to(self, height: int, width: int, pil_filter: int) -> None:
         if self.resize is not None or self.flip:
@@ -223,6 +228,12 @@ class JpegPixels(Pixels):
     @property
     def mode(self) -> str:
         return "RGB"
+
+    def check_crop(self, top: int, left: int, height: int, width: int) -> None:
+        if not self._decoded() and K.crop_checked(self.hw, top, left, height, width):
+            # stock decodes before it draws: a file that fails to decode raises that, not the crop's check
+            _ = self.base  # the full decode (or DecodeFailed), before PIL's check acts
+        super().check_crop(top, left, height, width)
 
     def crop(self, top: int, left: int, height: int, width: int) -> None:
         h, w = self.shape

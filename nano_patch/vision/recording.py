@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from . import functional as K
 from .image import FastImage
 from .pixel_ops import HFLIP, VFLIP, Colour, Crop, Grey, ImageEnd, Op, Point, RenderFailed, Resize, TensorTail, Whole
 from .pixels import Pixels
@@ -78,6 +79,13 @@ class Recording(Pixels):
 
     def image(self) -> FastImage:
         raise NotSplittable("a step runs stock code on the image while it draws")
+
+    def check_crop(self, top: int, left: int, height: int, width: int) -> None:
+        """Where PIL's check of this crop box would warn or raise, the sample goes to stock's one-by-one code,
+        which makes that check itself: a warning given here could be given again (a draw made twice, or a
+        sample reloaded one by one after a failed render), and an error must come with stock's generators."""
+        if K.crop_checked(self._hw, top, left, height, width):
+            raise NotSplittable("a crop box above PIL's size limit (PIL's check warns or raises)")
 
     def crop(self, top: int, left: int, height: int, width: int) -> None:
         h, w = self._hw

@@ -135,6 +135,7 @@ def run_random_resized_crop(t: Any, px: Pixels) -> None:
     checked = resize_arguments(t.size, t.interpolation, None, t.antialias)  # checked before the draws
     i, j, h, w = _drawn(px, lambda d: d.resized_crop(px.hw, t.scale, t.ratio),
                         lambda: t.get_params(px.proxy(), t.scale, t.ratio))
+    px.check_crop(i, j, h, w)  # F.resized_crop crops through PIL, which checks the box, before any later draw
     px.crop(i, j, h, w)
     _resize_to(px, checked, None)
 
@@ -147,6 +148,7 @@ def run_timm_random_resized_crop(t: Any, px: Pixels) -> None:
     size_request(t.size)
     i, j, h, w = t.get_params(px.proxy(), t.scale, t.ratio)
     mode = random.choice(t.interpolation) if isinstance(t.interpolation, (tuple, list)) else t.interpolation
+    px.check_crop(i, j, h, w)  # after the filter's draw: timm crops (PIL's check) in F.resized_crop
     px.crop(i, j, h, w)
     _resize_to(px, resize_arguments(t.size, mode, None, True), None)
 
@@ -155,6 +157,7 @@ def run_center_crop(t: Any, px: Pixels) -> None:
     box = center_crop_box(px.hw, center_crop_size(t.size))
     if box is None:
         raise UseStock  # stock pads first
+    px.check_crop(*box)
     px.crop(*box)
 
 
@@ -163,6 +166,7 @@ def run_random_crop(t: Any, px: Pixels) -> None:
     if random_crop_pads(t, px.hw):
         raise UseStock
     i, j, ch, cw = _drawn(px, lambda d: d.crop(px.hw, t.size), lambda: t.get_params(px.proxy(), t.size))
+    px.check_crop(i, j, ch, cw)
     px.crop(i, j, ch, cw)
 
 

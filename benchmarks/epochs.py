@@ -1,19 +1,24 @@
-"""Epochs whose every batch holds a JPEG the fast path cannot take (EXIF orientation data, or CMYK): the virtual
-workers' stand-in processes against stock's worker processes.
+"""Whole epochs as a script sees them (the workers' start included): stock's worker processes against the patch's
+virtual workers, by start method, persistent or not, optionally with a JPEG the fast path cannot take in every
+batch.
 
-An ImageFolder of real-photo JPEGs (``examples/make_photo_folder.py``) in which every ``--every``-th file is
-re-saved with EXIF data (``--kind exif``) or as CMYK (``--kind cmyk``), so that with batch 64 every batch needs
-stock's code for some of its samples. Pets pipeline, ``num_workers=2``, ``shuffle=True``, the default
-``persistent_workers=False``; each configuration in a fresh process (``loader_threads.py``'s child set-up), timing
-whole epochs (the workers' start included, as a script sees it), rounds interleaved, medians:
+An ImageFolder of real-photo JPEGs (``examples/make_photo_folder.py``); with ``--mark exif`` or ``--mark cmyk``,
+every ``--every``-th file is re-saved with EXIF data or as CMYK, so that with batch 64 every batch needs stock's
+code for some samples (the virtual workers' stand-in processes load those batches). Pets pipeline,
+``num_workers=--workers``, ``shuffle=True``, ``persistent_workers`` as ``--persistent`` says; each configuration
+in a fresh process (``loader_threads.py``'s child set-up) with the start method set as a script sets it
+(``--start-method``: forkserver is Python 3.14's default on Linux), timing ``--epochs`` whole epochs, rounds
+interleaved, medians:
 
 - ``stock``: stock's worker processes;
-- ``patched``: the patch, virtual workers (the fast path, and each worker's stand-in for what it gives back);
+- ``patched``: the patch (virtual workers where they apply);
+- ``patched, fork``: the patch under fork, where another start method was asked for (what the fresh-worker path
+  gives against the fork path);
 - ``patched (before)``, with ``--before CHECKOUT``: another source tree's patch, for a before/after comparison.
 
-    python benchmarks/stand_ins.py [--kind exif|cmyk] [--rounds 3] [--per-class 100] [--epochs 3]
+    python benchmarks/epochs.py [--start-method forkserver] [--persistent] [--mark none|exif|cmyk] [--rounds 3]
 
-Results: ``benchmarks/results/stand_ins_<kind>.{json,png}``.
+Results: ``benchmarks/results/epochs_<start method>_<persistent|fresh>_<mark>.{json,png}`` (``--stem``).
 """
 
 from __future__ import annotations
@@ -68,10 +73,12 @@ def mark(root: Path, kind: str, every: int) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kind", choices=["exif", "cmyk"], default="exif")
-    ap.add_argument("--every", type=int, default=16, help="one file in this many is marked")
+    ap.add_argument("--mark", choices=["none", "exif", "cmyk"], default="none")
+    ap.add_argument("--every", type=int, default=16, help="with --mark: one file in this many is marked")
+    ap.add_argument("--start-method", choices=["fork", "forkserver", "spawn"], default="fork")
+    ap.add_argument("--persistent", action="store_true")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--per-class", type=int, default=100, help="photos per class, 3 classes")
+    ap.add_argument("--per-class", type=int, default=200, help="photos per class, 3 classes")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--before", metavar="CHECKOUT", help="another nano-patch source tree, run as 'patched (before)'")
@@ -80,19 +87,21 @@ def main() -> None:
     from make_photo_folder import build
     from train import _cpu_name
 
-    result: dict = {"machine": _cpu_name(), "python": platform.python_version(), "kind": args.kind,
-                    "every": args.every, "rounds": args.rounds, "epochs": args.epochs, "workers": args.workers,
-                    "runs": {}}
+    result: dict = {"machine": _cpu_name(), "python": platform.python_version(), "mark": args.mark,
+                    "every": args.every, "start_method": args.start_method, "persistent": args.persistent,
+                    "rounds": args.rounds, "epochs": args.epochs, "workers": args.workers, "runs": {}}
     rows = {"stock": ({"side": "stock"}, None), "patched": ({"side": "patched"}, None)}
+    if args.start_method != "fork":
+        rows["patched, fork"] = ({"side": "patched", "start_method": "fork"}, None)
     if args.before:
         rows["patched (before)"] = ({"side": "patched"}, args.before)
     began = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         root = build(Path(tmp) / "photos", args.per_class) / "train"
-        result["marked"] = mark(root, args.kind, args.every)
+        result["marked"] = mark(root, args.mark, args.every) if args.mark != "none" else 0
         base = {"root": str(root), "batch": 64, "cache_dir": str(Path(tmp) / "cache"), "pipeline": "pets",
-                "cache": "off", "threads": "auto", "workers": args.workers, "persistent": False,
-                "epochs": args.epochs}
+                "cache": "off", "threads": "auto", "workers": args.workers, "persistent": args.persistent,
+                "epochs": args.epochs, "start_method": args.start_method}
         for r in range(args.rounds):
             for name in (list(rows) if r % 2 == 0 else list(rows)[::-1]):
                 cfg, checkout = rows[name]
@@ -103,13 +112,16 @@ def main() -> None:
     result["medians"] = {name: statistics.median(run["images_per_s"] for run in runs)
                          for name, runs in result["runs"].items()}
     result["total_s"] = time.perf_counter() - began
-    stem = args.stem or f"stand_ins_{args.kind}"
+    stem = args.stem or (f"epochs_{args.start_method}_{'persistent' if args.persistent else 'fresh'}_"
+                         f"{args.mark}")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2))
     chart(result, RESULTS / f"{stem}.png")
     stock = result["medians"]["stock"]
-    print(f"\n{result['machine']}; pets, batch 64, num_workers={args.workers}, one {args.kind} JPEG in "
-          f"{args.every}; medians of {args.rounds} interleaved rounds")
+    print(f"\n{result['machine']}; pets, batch 64, num_workers={args.workers}, {args.start_method}, "
+          f"{'persistent' if args.persistent else 'non-persistent'}, {args.epochs} epochs"
+          f"{f', one {args.mark} JPEG in {args.every}' if args.mark != 'none' else ''}; "
+          f"medians of {args.rounds} interleaved rounds")
     for name, ips in result["medians"].items():
         print(f"| {name} | {ips:.0f} images/s | {ips / stock:.2f}x stock |")
 
@@ -124,8 +136,8 @@ def chart(result: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 3))
     ax.barh(names, [result["medians"][n] for n in names], color="#4c72b0")
     ax.set_xlabel("images/s (whole epochs, workers' start included)")
-    ax.set_title(f"one {result['kind']} JPEG in {result['every']}, num_workers={result['workers']}: "
-                 f"{result['machine']}", fontsize=9)
+    ax.set_title(f"{result['start_method']}, {'persistent' if result['persistent'] else 'non-persistent'}, "
+                 f"mark {result['mark']}, num_workers={result['workers']}: {result['machine']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
