@@ -41,12 +41,16 @@ RESULTS = Path(__file__).parent / "results"
 
 CHILD = "import json, os, sys, time\n" + LOADER_SETUP + r"""
 n, t = 0, time.perf_counter()
+first = None
 for _ in range(cfg["epochs"]):
     it = iter(loader)
     for x, y in it:
         n += len(y)
+        if first is None:  # (the workers' start: iter() to the first batch)
+            first = time.perf_counter() - t
 seconds = time.perf_counter() - t
-out = {"images_per_s": n / seconds, "epoch_s": seconds / cfg["epochs"], "iterator": type(it).__name__}
+out = {"images_per_s": n / seconds, "epoch_s": seconds / cfg["epochs"], "first_batch_s": first,
+       "iterator": type(it).__name__}
 if hasattr(it, "describe"):
     out["describe"] = it.describe()
 print(json.dumps(out))
@@ -82,6 +86,8 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--before", metavar="CHECKOUT", help="another nano-patch source tree, run as 'patched (before)'")
+    ap.add_argument("--processes", action="store_true",
+                    help="also 'patched, processes': the patch's worker processes (virtual_workers=False)")
     ap.add_argument("--stem", default=None)
     args = ap.parse_args()
     from make_photo_folder import build
@@ -95,6 +101,8 @@ def main() -> None:
         rows["patched, fork"] = ({"side": "patched", "start_method": "fork"}, None)
     if args.before:
         rows["patched (before)"] = ({"side": "patched"}, args.before)
+    if args.processes:
+        rows["patched, processes"] = ({"side": "patched", "virtual": False}, None)
     began = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         root = build(Path(tmp) / "photos", args.per_class) / "train"
@@ -107,10 +115,13 @@ def main() -> None:
                 cfg, checkout = rows[name]
                 got = run_child(CHILD, {**base, **cfg}, checkout)
                 result["runs"].setdefault(name, []).append(got)
-                print(f"round {r}: {name}: {got['images_per_s']:.0f} images/s ({got['iterator']}"
+                print(f"round {r}: {name}: {got['images_per_s']:.0f} images/s, first batch "
+                      f"{got['first_batch_s']:.2f} s ({got['iterator']}"
                       f"{', ' + json.dumps(got['describe']) if 'describe' in got else ''})", flush=True)
     result["medians"] = {name: statistics.median(run["images_per_s"] for run in runs)
                          for name, runs in result["runs"].items()}
+    result["first_batch_medians"] = {name: statistics.median(run["first_batch_s"] for run in runs)
+                                     for name, runs in result["runs"].items()}
     result["total_s"] = time.perf_counter() - began
     stem = args.stem or (f"epochs_{args.start_method}_{'persistent' if args.persistent else 'fresh'}_"
                          f"{args.mark}")
@@ -123,7 +134,8 @@ def main() -> None:
           f"{f', one {args.mark} JPEG in {args.every}' if args.mark != 'none' else ''}; "
           f"medians of {args.rounds} interleaved rounds")
     for name, ips in result["medians"].items():
-        print(f"| {name} | {ips:.0f} images/s | {ips / stock:.2f}x stock |")
+        print(f"| {name} | {ips:.0f} images/s | {ips / stock:.2f}x stock | first batch "
+              f"{result['first_batch_medians'][name]:.2f} s |")
 
 
 def chart(result: dict, path: Path) -> None:

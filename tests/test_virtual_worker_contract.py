@@ -253,7 +253,7 @@ def test_the_iterator_is_stocks_class_and_lightning_shuts_its_workers_down(folde
 
 def test_a_timed_out_batch_stays_pending(folder, monkeypatch):
     """A caller that catches the timeout and asks again gets the pending batch, as from stock's workers."""
-    from nano_patch.data import virtual_workers
+    from nano_patch.data import virtual_streams
 
     def batches(patched: bool) -> list[Any]:
         seed_all(5)
@@ -262,14 +262,14 @@ def test_a_timed_out_batch_stays_pending(folder, monkeypatch):
         got = []
         slow = patched  # the first batch held back beyond the timeout (patched: its task completes late)
         if slow:
-            original = virtual_workers._fast_batch
+            original = virtual_streams._fast_batch
 
             def late(ctx: Any, stream: Any, indices: Any) -> Any:
                 if stream.worker_id == 0 and stream.drawn == 0:
                     time.sleep(1.0)
                 return original(ctx, stream, indices)
 
-            monkeypatch.setattr(virtual_workers, "_fast_batch", late)
+            monkeypatch.setattr(virtual_streams, "_fast_batch", late)
             with pytest.raises(RuntimeError, match="timed out after 0.5 seconds"):
                 next(it)
             time.sleep(1.0)
@@ -440,3 +440,57 @@ def test_a_stand_in_forked_while_a_loader_thread_holds_a_lock_still_loads(cmyk_f
     reader.start()
     reader.join(60)
     assert counted == [4]
+
+
+def test_batches_kept_or_sent_to_another_process_are_never_written_again(folder, monkeypatch):
+    """Virtual workers' batches are in shared memory used again once nothing holds them: a batch the loop keeps
+    (the tensor, a view, a NumPy array) or pickles to another process keeps its values."""
+    import multiprocessing
+
+    from nano_patch.vision import oprunner
+
+    def sums(kept: list[Any]) -> list[float]:
+        return [float(t.double().sum()) for t in kept]
+
+    monkeypatch.setattr(oprunner, "_shared_batches", oprunner.SharedBatchMemory())  # (none kept yet)
+    nano_patch.patch_torch()
+    ctx = multiprocessing.get_context("fork")
+    queue, answers = ctx.Queue(), ctx.Queue()
+
+    def summing() -> None:
+        got = queue.get(timeout=60)
+        time.sleep(1.5)  # (the main process loads several epochs meanwhile)
+        answers.put(float(got.double().sum()))
+
+    proc = ctx.Process(target=summing)
+    proc.start()
+    seed_all(11)
+    loader = _loader(folder, workers=2, persistent=True)
+    x, _ = next(iter(loader))
+    sent = float(x.double().sum())
+    queue.put(x)
+    del x
+    time.sleep(0.3)  # (the queue's thread has pickled it)
+    for _ in range(10):
+        for _ in loader:
+            pass
+    assert answers.get(timeout=60) == sent
+    proc.join(10)
+
+    seed_all(12)
+    loader = _loader(folder, workers=2, persistent=True)
+    kept: list[Any] = []
+    for _ in range(4):
+        for k, (x, _) in enumerate(loader):
+            if k < 3:
+                kept.append(x if k == 0 else x[1] if k == 1 else torch.from_numpy(x.numpy()[0]))
+    want = sums(kept)
+    nano_patch.unpatch_torch()
+    seed_all(12)
+    stock: list[Any] = []
+    stock_loader = _loader(folder, workers=2, persistent=True)
+    for _ in range(4):
+        for k, (x, _) in enumerate(stock_loader):
+            if k < 3:
+                stock.append(x if k == 0 else x[1] if k == 1 else x[0])
+    assert want == sums(stock)

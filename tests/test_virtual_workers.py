@@ -313,11 +313,11 @@ def _processes_cases(folder: Path) -> dict[str, tuple[Any, str]]:
 @pytest.mark.parametrize("case", ["worker_init_fn", "target_transform", "get_worker_info", "own loader",
                                   "collate_fn"])
 def test_loaders_that_keep_processes_say_why_and_give_stocks_batches(folder, case):
-    from nano_patch.data import virtual_workers
+    from nano_patch.data import virtual_eligibility
 
     make, reason = _processes_cases(folder)[case]
     nano_patch.patch_torch()
-    assert reason in virtual_workers.why_not(make(), "auto")
+    assert reason in virtual_eligibility.why_not(make(), "auto")
     nano_patch.unpatch_torch()
     _, patched = _stock_and_patched(make, seed=4, epochs=1)
     assert _iterators(patched) == ["_MultiProcessingDataLoaderIter"]
@@ -326,14 +326,14 @@ def test_loaders_that_keep_processes_say_why_and_give_stocks_batches(folder, cas
 def test_a_folder_with_other_files_keeps_processes(tmp_path, photos):
     from torchvision.datasets import ImageFolder
 
-    from nano_patch.data import virtual_workers
+    from nano_patch.data import virtual_eligibility
 
     (tmp_path / "a").mkdir()
     photos[0].save(tmp_path / "a" / "0.jpg")
     photos[1].save(tmp_path / "a" / "1.png")
     nano_patch.patch_torch()
     loader = DataLoader(ImageFolder(str(tmp_path), transform=_crop(48)), batch_size=2, num_workers=2)
-    assert "not JPEGs" in virtual_workers.why_not(loader, "auto")
+    assert "not JPEGs" in virtual_eligibility.why_not(loader, "auto")
 
 
 def test_virtual_workers_can_be_switched_off(folder):

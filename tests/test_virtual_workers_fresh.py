@@ -106,14 +106,14 @@ def test_a_dataset_that_does_not_pickle_raises_stocks_error(folder, start_method
 def test_a_state_a_fresh_worker_would_not_see_keeps_processes(folder, start_method):  # noqa: F811
     from torchvision.datasets import ImageFolder
 
-    from nano_patch.data import virtual_workers
+    from nano_patch.data import virtual_eligibility
 
     nano_patch.patch_torch()
     loader = DataLoader(ImageFolder(str(folder), transform=_pets()), batch_size=4, num_workers=2)
-    assert virtual_workers.why_not(loader, "auto") is None
+    assert virtual_eligibility.why_not(loader, "auto") is None
     torch.set_default_dtype(torch.float64)
     try:
-        why = virtual_workers.why_not(loader, "auto")
+        why = virtual_eligibility.why_not(loader, "auto")
     finally:
         torch.set_default_dtype(torch.float32)
     assert why is not None and "default_dtype (torch.float64)" in why and start_method in why

@@ -36,3 +36,32 @@ class WorkerInit:
 
     def __hash__(self) -> int:
         return hash((WorkerInit, self.user_fn, self.uint8))
+
+
+#: What a worker process imports to load images under the patch. Under forkserver (Python 3.14's default start
+#: method on Linux) they are imported once into the server, and each worker forked from it finds them imported:
+#: the same modules at their defaults, without paying their import again per worker and per epoch.
+FORKSERVER_PRELOAD = ("torch", "torchvision.datasets", "torchvision.transforms", "PIL.Image", "nano_patch",
+                      "nano_patch.vision.native")
+
+
+def preload_forkserver() -> list[str] | None:
+    """Add :data:`FORKSERVER_PRELOAD` to the forkserver's preload list where the server has not started yet (it
+    reads the list as it starts); the list as it was (to put back), or None where nothing changed."""
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    before = getattr(server, "_preload_modules", None)
+    if server is None or not isinstance(before, list) or getattr(server, "_forkserver_pid", 1) is not None:
+        return None
+    server.set_forkserver_preload(before + [m for m in FORKSERVER_PRELOAD if m not in before])
+    return list(before)
+
+
+def restore_forkserver_preload(before: list[str] | None) -> None:
+    """Put back the preload list :func:`preload_forkserver` changed, where the server has still not started."""
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    if before is not None and server is not None and getattr(server, "_forkserver_pid", 1) is None:
+        server.set_forkserver_preload(before)

@@ -12,6 +12,8 @@ whose ``worker_init_fn`` is None) act as on stock. What it still does, none of w
 - for image-folder datasets with a stock ``Compose`` ending in ``ToTensor``, workers send uint8 images
   and the main process finishes the batch with stock's own arithmetic (``data/uint8_batches.py``);
 - prepares the decoded-image cache where it is on;
+- adds what a worker imports to the forkserver's preload list, where the server has not started
+  (``data/workers.py``: forkserver workers start without importing torch again);
 - ``num_workers=0`` batches of the patched datasets load on a pool of threads (``data/loader_pool.py``),
   through torch's map-style fetch (``data/fetch.py``: stock's, with the patched datasets' batch loaders where
   stock would call their ``__getitem__``), with stock's draws in stock's order.
@@ -111,7 +113,7 @@ class DataLoaderPatch(Patch):
             """The iterator of a loader with workers: virtual workers where no user code runs in a worker, else
             stock's worker processes (the same for a persistent loader's later epochs). ``uint8``: the tail the
             device finishes, where this iteration defers it (the workers then hand back uint8 images)."""
-            from ..data import virtual_workers, workers
+            from ..data import virtual_eligibility, virtual_workers, workers
 
             current = instance._iterator if instance.persistent_workers else None
             if current is not None:  # stock's __iter__ resets the persistent workers: processes or streams
@@ -119,7 +121,7 @@ class DataLoaderPatch(Patch):
                     current.uint8 = instance._nano_workers_uint8 = uint8 is not None
                 return wrapped(*args, **kwargs)
             n = instance.num_workers
-            why = (virtual_workers.why_not(instance, options.loader_threads) if options.virtual_workers
+            why = (virtual_eligibility.why_not(instance, options.loader_threads) if options.virtual_workers
                    else "virtual_workers is off")
             instance._nano_workers_uint8 = uint8 is not None
             if why is None:
@@ -171,8 +173,13 @@ class DataLoaderPatch(Patch):
 
         self.record.wrap(module.DataLoader, "__init__", init)
         self.record.wrap(module.DataLoader, "__iter__", iter_)
+        from ..data import workers
+
+        self._preload_before = workers.preload_forkserver()
 
     def _revert(self) -> None:
-        from ..data import loader_pool
+        from ..data import loader_pool, workers
 
         loader_pool.configure("off")  # (the collation entries go back with the record)
+        workers.restore_forkserver_preload(getattr(self, "_preload_before", None))
+        self._preload_before = None
