@@ -10,11 +10,16 @@ fresh process per row:
   resident memory of the whole process tree): stock ``num_workers=N``; patched ``num_workers=N`` (virtual
   workers); patched ``num_workers=0`` with N loader threads and with ``auto``; N threads and ``num_workers=N`` with
   the decoded-image cache warm. N is the usable cores, at most 16;
+- **forkserver** (``benchmarks/epochs.py``'s child: whole epochs, the workers' start included): stock, virtual
+  workers and the patch's worker processes at ``num_workers=N``, non-persistent and persistent;
 - **the cache's first epoch** (``benchmarks/cache.py``'s measure): the first epoch of a fresh store against the
   same first epoch with the cache off, ``num_workers=0``, N loader threads;
 - **the GPU** (``benchmarks/gpu_feed.py``'s child: Lightning, ResNet bf16-mixed, channels-last, batch 128,
   RandomResizedCrop 224 + flip, ``pin_memory=True``, 3 epochs, the last 2 timed): ResNet-18 and ResNet-50,
-  stock and patched with N-1 workers, and patched ``num_workers=0`` (``auto``);
+  stock and patched with N-1 workers, and patched ``num_workers=0`` (``auto``), beside the data-free bound (the
+  step alone) and each row's own step rate (samples/s over the time not waiting for data) against it;
+- **the main job** (``examples/pets_finetune.py``, 5 epochs on the CPU): ``nano-patch run --fast`` against
+  ``--num-processes auto``, 2 and 4 (``--skip-main-job`` to leave it out);
 - **the CUDA tests** (``tests/test_device_tail_cuda.py``), unless ``--skip-tests``.
 
 It prints each row as it ends, then the tables, and writes ``benchmarks/results/device_check.json`` (``--out`` to
@@ -85,8 +90,31 @@ def scaling_rows(root: str, cache_dir: str, n: int, seconds: float) -> dict:
     for name, cfg in configs:
         row = _child(CHILD, {**base, **cfg, "torch_threads": 1 if cfg["side"] == "patched" else None}, 300)
         rows[name] = row
-        print(f"  {name}: {row.get('images_per_s', 0):.0f} images/s, tree RSS {row.get('tree_rss_mb', 0):.0f} MB"
+        print(f"  {name}: {row.get('images_per_s', 0):.0f} images/s, tree PSS {row.get('tree_pss_mb', 0):.0f} MB "
+              f"(RSS summed {row.get('tree_rss_mb', 0):.0f} MB)"
               + (f"  ERROR {row['error'][-300:]}" if "error" in row else ""), flush=True)
+    return rows
+
+
+def forkserver_rows(root: str, cache_dir: str, n: int) -> dict:
+    """Whole epochs under forkserver (Python 3.14's default start method), the workers' start included
+    (``epochs.py``'s child): stock, virtual workers and the patch's worker processes at ``num_workers=N``,
+    non-persistent (2 epochs) and persistent (3 epochs)."""
+    from epochs import CHILD
+
+    rows = {}
+    for persistent, epochs in ((False, 2), (True, 3)):
+        base = {"root": root, "batch": 64, "cache_dir": cache_dir, "pipeline": "pets", "cache": "off",
+                "threads": "auto", "workers": n, "persistent": persistent, "epochs": epochs,
+                "start_method": "forkserver"}
+        for name, cfg in (("stock", {"side": "stock"}), ("virtual workers", {"side": "patched"}),
+                          ("processes", {"side": "patched", "virtual": False})):
+            label = f"forkserver, {'persistent' if persistent else 'non-persistent'}, {name}, num_workers={n}"
+            row = _child(CHILD, {**base, **cfg}, 400)
+            rows[label] = row
+            print(f"  {label}: {row.get('images_per_s', 0):.0f} images/s, first batch "
+                  f"{row.get('first_batch_s') or 0:.2f} s" + (f"  ERROR {row['error'][-300:]}" if "error" in row
+                                                             else ""), flush=True)
     return rows
 
 
@@ -107,7 +135,10 @@ def gpu_rows(root: str, n: int, epochs: int) -> dict:
 
     rows = {}
     for model in ("resnet18", "resnet50"):
-        configs = [("stock", n - 1), ("patched", n - 1)] + ([("patched", 0)] if model == "resnet18" else [])
+        # ("bound": no loader work, one batch resident on the GPU: the step alone, against which each row's own
+        # step rate is set: samples/s over the share of time not waiting for data)
+        configs = [("bound", 0), ("stock", n - 1), ("patched", n - 1)] + \
+            ([("patched", 0)] if model == "resnet18" else [])
         for mode, w in configs:
             cfg = {"mode": mode, "workers": w, "model": model, "root": root, "batch": 128, "epochs": epochs}
             row = _child(GPU_CHILD, cfg, 400)
@@ -115,6 +146,34 @@ def gpu_rows(root: str, n: int, epochs: int) -> dict:
             print(f"  {model} {mode} {w} workers: {row.get('samples_per_s', 0):.0f} samples/s, waiting "
                   f"{row.get('waiting', 0):.0%}" + (f"  ERROR {row['error'][-300:]}" if "error" in row else ""),
                   flush=True)
+    return rows
+
+
+def main_job_rows(timeout: float = 300) -> dict:
+    """The main job (``examples/pets_finetune.py`` on its own photo folder, CPU, 5 epochs) under ``nano-patch run
+    --fast``, then with multi-instance training: ``--num-processes auto``, 2 and 4 (each rank pinned to its cores);
+    its own "train samples/s (all ranks)" line."""
+    import re
+
+    rows = {}
+    script = str(ROOT / "examples" / "pets_finetune.py")
+    for name, extra in (("--fast", []), ("--fast --num-processes auto", ["--num-processes", "auto"]),
+                        ("--fast --num-processes 2", ["--num-processes", "2"]),
+                        ("--fast --num-processes 4", ["--num-processes", "4"])):
+        cmd = [sys.executable, "-m", "nano_patch", "run", "--fast", *extra, script, "--epochs", "5"]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("NANO_PATCH_", "_NANO_PATCH"))}
+        start = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=timeout,
+                                  cwd=tempfile.gettempdir())
+            found = re.search(r"train samples/s \(all ranks\): ([0-9.]+)", proc.stdout)
+            row = {"samples_per_s": float(found.group(1))} if found else {"error": proc.stderr[-2000:]}
+        except subprocess.TimeoutExpired:
+            row = {"error": f"timed out after {timeout} s"}
+        row["process_s"] = time.perf_counter() - start
+        rows[name] = row
+        print(f"  main job {name}: {row.get('samples_per_s', 0):.1f} samples/s"
+              + (f"  ERROR {row['error'][-300:]}" if "error" in row else ""), flush=True)
     return rows
 
 
@@ -144,6 +203,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=3, help="epochs of each GPU row (the first not timed)")
     ap.add_argument("--max-n", type=int, default=16)
     ap.add_argument("--skip-tests", action="store_true")
+    ap.add_argument("--skip-main-job", action="store_true", help="without the main job's multi-instance rows")
     ap.add_argument("--out", default=str(RESULTS / "device_check.json"))
     args = ap.parse_args()
     import torch
@@ -157,7 +217,10 @@ def main() -> None:
         root = str(photos(tmp / "photos", args.images))
         print(f"{result['machine']}: {args.images} photos in {time.perf_counter() - began:.0f} s", flush=True)
         result["scaling"] = scaling_rows(root, str(tmp / "cache"), n, args.seconds)
+        result["forkserver"] = forkserver_rows(root, str(tmp / "cache"), n)
         result["cold_cache"] = cold_cache_rows(root, tmp, n)
+        if not args.skip_main_job:
+            result["main_job"] = main_job_rows()
         if torch.cuda.is_available():
             result["gpu"] = gpu_rows(root, n, args.epochs)
         if torch.cuda.is_available() and not args.skip_tests:
@@ -174,18 +237,32 @@ def report(result: dict) -> None:
     rows = result["scaling"]
     stock = rows.get(f"stock, num_workers={n}", {}).get("images_per_s", 0) or 1
     print(f"\n{result['machine']}; pets, batch 64, images/s against stock's num_workers={n}")
-    print("| configuration | images/s | vs stock | tree RSS (MB) |\n|---|---|---|---|")
+    print("| configuration | images/s | vs stock | tree PSS (MB) | tree RSS summed (MB) |\n|---|---|---|---|---|")
     for name, row in rows.items():
         ips = row.get("images_per_s", 0)
-        print(f"| {name} | {ips:.0f} | {ips / stock:.2f}x | {row.get('tree_rss_mb', 0):.0f} |")
+        print(f"| {name} | {ips:.0f} | {ips / stock:.2f}x | {row.get('tree_pss_mb', 0):.0f} | "
+              f"{row.get('tree_rss_mb', 0):.0f} |")
+    if "forkserver" in result:
+        print("\n| whole epochs under forkserver | images/s | first batch |\n|---|---|---|")
+        for name, row in result["forkserver"].items():
+            print(f"| {name} | {row.get('images_per_s', 0):.0f} | {row.get('first_batch_s') or 0:.2f} s |")
     cold = result["cold_cache"]
     if cold.get("off", {}).get("images_per_s"):
         ratio = cold["cold"].get("images_per_s", 0) / cold["off"]["images_per_s"]
         print(f"\nfirst epoch with a fresh cache: {ratio:.2f}x the cache off")
+    if "main_job" in result:
+        print("\n| main job (CPU, 5 epochs) | samples/s |\n|---|---|")
+        for name, row in result["main_job"].items():
+            print(f"| nano-patch run {name} | {row.get('samples_per_s', 0):.1f} |")
     if "gpu" in result:
-        print("\n| GPU row | samples/s | waiting |\n|---|---|---|")
+        print("\n| GPU row | samples/s | waiting | the step's own rate | vs the data-free bound |")
+        print("|---|---|---|---|---|")
         for name, row in result["gpu"].items():
-            print(f"| {name} | {row.get('samples_per_s', 0):.0f} | {row.get('waiting', 0):.0%} |")
+            model = name.split(" | ")[0]
+            bound = result["gpu"].get(f"{model} | bound | 0 workers", {}).get("samples_per_s") or 0
+            ips, waiting = row.get("samples_per_s", 0), row.get("waiting", 0)
+            own = ips / (1 - waiting) if waiting < 1 else 0
+            print(f"| {name} | {ips:.0f} | {waiting:.0%} | {own:.0f} | {own / bound if bound else 0:.0%} |")
     if "cuda_tests" in result:
         print(f"\nCUDA tests: {result['cuda_tests']['summary']}")
 
