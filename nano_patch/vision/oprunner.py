@@ -367,23 +367,28 @@ class SharedBatchMemory:
         self._lock = threading.Lock()
         self._kept: dict[int, list[tuple[Any, Any]]] = {}
 
-    def storage(self, nbytes: int) -> Any:
+    def tensor(self, nbytes: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any) -> Any:
+        """An uninitialised tensor of this layout over a storage of ``nbytes`` that nothing else holds. It is made
+        under the lock: until then the storage's only holder is the pool, and another thread would take it too."""
         import torch
         from torch.multiprocessing import reductions
 
         use_count = torch._C._storage_Use_Count
         with self._lock:
             kept = self._kept.setdefault(nbytes, [])
+            found = None
             for k, (storage, key) in enumerate(kept):
                 if use_count(storage._cdata) == 1:
                     if key in reductions.shared_cache:  # (pickled: another process may map it)
                         del kept[k]
                         break
-                    return storage
-            storage = torch.UntypedStorage._new_shared(nbytes)
-            if len(kept) < self.KEPT:
-                kept.append((storage, reductions.fd_id(storage._share_fd_cpu_()[0])))
-            return storage
+                    found = storage
+                    break
+            if found is None:
+                found = torch.UntypedStorage._new_shared(nbytes)
+                if len(kept) < self.KEPT:
+                    kept.append((found, reductions.fd_id(found._share_fd_cpu_()[0])))
+            return torch.empty(0, dtype=dtype).set_(found, 0, shape, strides)
 
 
 _shared_batches = SharedBatchMemory()
@@ -400,8 +405,9 @@ def _batch_memory(shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any) 
         return torch.empty_strided(shape, strides, dtype=dtype)
     numel = 1 + sum((n - 1) * st for n, st in zip(shape, strides)) if all(shape) else 0
     nbytes = numel * dtype.itemsize
-    storage = _shared_batches.storage(nbytes) if pooled else torch.UntypedStorage._new_shared(nbytes)
-    return torch.empty(0, dtype=dtype).set_(storage, 0, shape, strides)
+    if pooled:
+        return _shared_batches.tensor(nbytes, shape, strides, dtype)
+    return torch.empty(0, dtype=dtype).set_(torch.UntypedStorage._new_shared(nbytes), 0, shape, strides)
 
 
 class NativeBatch:
