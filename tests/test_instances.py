@@ -322,10 +322,18 @@ def test_the_measurement_leaves_the_module_optimizer_and_every_generator_untouch
     seed_all(7)
     before = rng_state()
     seen, stop = [], threading.Event()
+    # The measurement forks. A fork while the watcher is inside get_rng_state copies the generator's mutex held,
+    # and the child would wait on it forever (as a stock fork worker would): the watcher reads only between forks.
+    between_forks = threading.Lock()
+    watching = [True]
+    os.register_at_fork(before=lambda: watching[0] and between_forks.acquire(),
+                        after_in_parent=lambda: watching[0] and between_forks.release(),
+                        after_in_child=lambda: watching[0] and between_forks.release())
 
     def watch():
         while not stop.is_set():
-            seen.append(torch.get_rng_state())
+            with between_forks:
+                seen.append(torch.get_rng_state())
 
     watcher = threading.Thread(target=watch)
     watcher.start()
@@ -334,6 +342,7 @@ def test_the_measurement_leaves_the_module_optimizer_and_every_generator_untouch
     finally:
         stop.set()
         watcher.join()
+        watching[0] = False
     assert d.figures is not None and d.figures.step_s, d.line()
     assert rng_differences(rng_state(), before) == []
     assert seen and all(torch.equal(s, before[0]) for s in seen)
