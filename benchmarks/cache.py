@@ -164,7 +164,7 @@ for _, y in loader:
     n += len(y)
 out = {"images_per_s": n / (time.perf_counter() - start), "images": n}
 if cfg["cache"] == "cold":
-    from nano_patch.vision import cache
+    from nano_patch.vision.images import cache
     store = cache.store_for(loader.dataset)
     if store is not None and store.fill_budget is not None:
         out["fill_budget"] = store.fill_budget.describe()
@@ -260,7 +260,7 @@ def memory(root: str, tmp: Path, epochs: int) -> dict:
                      "max_anon_growth_mb": max(p["RssAnon"] - first[pid] for pid, p in workers) / 2**20,
                      "max_file_mb": max(p["RssFile"] for _, p in workers) / 2**20}
         print(side, out[side], flush=True)
-    from nano_patch.vision import cache
+    from nano_patch.vision.images import cache
 
     out["store_bytes"] = cache.store_bytes(cache_dir)
     return out
@@ -291,7 +291,7 @@ def open_check(sizes_gb: list[float], tmp: Path, rounds: int) -> dict:
     """Seconds of ``cache.check_store`` on stores of ``sizes_gb``, warm and cold, with the fill time."""
     import numpy as np
 
-    from nano_patch.vision import cache
+    from nano_patch.vision.images import cache
 
     out: dict = {"machine": machine(), "rounds": rounds, "stores": {}}
     image = np.random.default_rng(0).integers(0, 255, (375, 500, 3), dtype=np.uint8)

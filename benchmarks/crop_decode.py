@@ -121,7 +121,7 @@ def runners(files: list[bytes], wins: list[Window]) -> dict[str, Callable[[int],
     """Per column, a function decoding file ``k`` of the case the column's way."""
     import simplejpeg
 
-    from nano_patch.vision import native_kernels
+    from nano_patch.vision.kernels import native_kernels
 
     sizes = [simplejpeg.decode_jpeg_header(d)[:2] for d in files]
 
@@ -144,7 +144,7 @@ def verify(files: list[bytes], wins: list[Window]) -> None:
     import numpy as np
     import simplejpeg
 
-    from nano_patch.vision import native_kernels
+    from nano_patch.vision.kernels import native_kernels
 
     for d, (t, left, h, w) in zip(files, wins):
         want = simplejpeg.decode_jpeg(d, colorspace="RGB")[t:t + h, left:left + w]
@@ -159,7 +159,7 @@ def split(files: list[bytes], wins: list[Window], rounds: int) -> dict[str, floa
     window itself (stopping after it) adds its rows; the check of the rest adds the rows below."""
     import simplejpeg
 
-    from nano_patch.vision import native_kernels
+    from nano_patch.vision.kernels import native_kernels
 
     sizes = [simplejpeg.decode_jpeg_header(d)[:2] for d in files]
     parts = {
@@ -200,7 +200,7 @@ def measure(rounds: int) -> dict:
     os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[-1]})
     import simplejpeg
 
-    from nano_patch.vision import native
+    from nano_patch.vision.kernels import native
 
     native.kernel("crop_decode")  # the check at load runs once, outside the timings
     with tempfile.TemporaryDirectory() as tmp:

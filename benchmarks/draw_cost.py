@@ -9,8 +9,8 @@ with the decoded-image cache off and warm (filled by a first pass):
   the key and the entry with it warm;
 - ``draw``: ``_source`` and the plan's draws on a Recording (``_draw``), pipelines pets, (b) and (c): with torch's
   own draws (``draw_torch``), and with torch's draws made natively from a copy of its generator, as the batch
-  path makes them (``draw_native``, ``vision/torch_draws.py``); and by the draw program (``draw_program``,
-  ``vision/draw_program.py``: each sample's op-runner records made straight from the native draws, so this part
+  path makes them (``draw_native``, ``vision/kernels/torch_draws.py``); and by the draw program (``draw_program``,
+  ``vision/plans/draw_program.py``: each sample's op-runner records made straight from the native draws, so this part
   also covers what ``oprunner.prepare`` adds to the other two in the batch path).
 
 Each (pipeline, cache) in a fresh process, 9 passes over the files after the first, the garbage collector off (as
@@ -45,7 +45,9 @@ import torch
 import torchvision.transforms as T
 from torchvision.datasets import ImageFolder
 from nano_patch.data import batch_loader
-from nano_patch.vision import cache, compose_plan, native
+from nano_patch.vision.images import cache
+from nano_patch.vision.plans import compose_plan
+from nano_patch.vision.kernels import native
 norm = T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
 tf = T.Compose({
     "pets": [T.RandomResizedCrop(128), T.RandomHorizontalFlip(), T.ColorJitter(0.3, 0.3, 0.3), T.ToTensor(), norm],
@@ -60,14 +62,14 @@ store = cache.store_for(ds)
 crop_window = compose_plan.plan_for(tf).crop_first and native.available("crop_decode")
 extra = ()
 if "index" in inspect.signature(batch_loader._source).parameters:  # the in-memory index of the dataset's files
-    from nano_patch.vision import file_index
+    from nano_patch.vision.images import file_index
     extra = (file_index.for_dataset(ds) if store is not None else None,)
     if "headers" in inspect.signature(batch_loader._source).parameters:  # and, uncached, of their JPEG headers
         extra += (file_index.headers_for(ds),)
 out = {}
 gc.disable()  # as timeit: a collection of the whole heap (torch's objects) would land on one pass or another
-try:  # the draw program (vision/draw_program.py): each sample's native run straight from the native draws
-    from nano_patch.vision import draw_program
+try:  # the draw program (vision/plans/draw_program.py): each sample's native run straight from the native draws
+    from nano_patch.vision.plans import draw_program
 except ImportError:
     draw_program = None
 parts = ("source", "draw_torch", "draw_native") + (("draw_program",) if draw_program is not None else ())

@@ -30,8 +30,8 @@ def _calls():
     from PIL import Image
     from sklearn.datasets import load_sample_image
 
-    from nano_patch.vision import functional as K
-    from nano_patch.vision import native, native_kernels
+    from nano_patch.vision.kernels import functional as K
+    from nano_patch.vision.kernels import native, native_kernels
 
     photo = np.ascontiguousarray(Image.fromarray(load_sample_image("china.jpg")).resize((500, 375)))
     data = simplejpeg.encode_jpeg(photo, quality=90)

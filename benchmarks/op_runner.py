@@ -2,7 +2,7 @@
 
 The loader's threads render each sample of a batch from its decoded array (the decoded-image cache's view, or the
 decode): today's Python path makes each recorded op a call (``pixels.render``); the op runner makes them all, and
-the tensor tail, in one native call, into the batch tensor (``vision/oprunner.py``). This measures, per sample,
+the tensor tail, in one native call, into the batch tensor (``vision/plans/oprunner.py``). This measures, per sample,
 in one thread, from decoded arrays (no JPEG decode: the warm-cache case):
 
 - ``CPU``: the render's CPU time (``time.thread_time``);
@@ -45,8 +45,10 @@ nano_patch.patch_torch(loader_threads=2)
 import torch
 torch.set_num_threads(1)
 from torch.utils.data import default_collate
-from nano_patch.vision import compose_call, compose_plan, decode, native
-from nano_patch.vision.image import FastImage, plain
+from nano_patch.vision.plans import compose_call, compose_plan
+from nano_patch.vision.images import decode
+from nano_patch.vision.kernels import native
+from nano_patch.vision.images.image import FastImage, plain
 from vision import torchvision_pipeline
 
 native.check_all()
@@ -76,7 +78,7 @@ def render_python(r, a):
     return [plain(compose_plan.render(x, compose_plan.Pixels.of(FastImage.wrap(y)))) for x, y in zip(r, a)]
 sides = {"python": render_python}
 try:
-    from nano_patch.vision import oprunner
+    from nano_patch.vision.plans import oprunner
 except ImportError:  # a checkout from before the op runner
     oprunner = None
 if oprunner is not None and cfg["native"]:

@@ -70,7 +70,7 @@ def time_column(column: str, rounds_inner: int = 7) -> dict[str, float]:
             _, k, box, size = case
             return photos[k].crop(box).resize(size, Image.BILINEAR)
     else:
-        from nano_patch.vision import native, native_kernels
+        from nano_patch.vision.kernels import native, native_kernels
 
         native._import().set_isa(column.split(":")[1])
 
@@ -108,7 +108,7 @@ def main() -> None:
     if args.column:
         print(json.dumps(time_column(args.column)))
         return
-    from nano_patch.vision import native
+    from nano_patch.vision.kernels import native
 
     isas = ["generic", "avx2", "avx512"]
     isas = isas[: isas.index(native._import().best_isa()) + 1]

@@ -64,8 +64,8 @@ def draws_pass(pipe, files: list[str]) -> float:
 
 
 def patched_pass(pipe, files: list[str], acc: dict[str, float]) -> None:
-    from nano_patch.vision import decode
-    from nano_patch.vision.image import FastImage
+    from nano_patch.vision.images import decode
+    from nano_patch.vision.images.image import FastImage
 
     total = 0.0
     for path in files:
@@ -91,7 +91,7 @@ def main() -> None:
     torch.set_num_threads(1)
     cv2.setNumThreads(1)
     import nano_patch
-    from nano_patch.vision import native_kernels
+    from nano_patch.vision.kernels import native_kernels
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
     from make_photo_folder import build

@@ -53,7 +53,7 @@ def make_cases(path: Path) -> None:
     import torchvision.transforms as T
     from PIL import Image
 
-    from nano_patch.vision import native_checks
+    from nano_patch.vision.kernels import native_checks
 
     F = T.functional
     sources = [Path(sklearn.__file__).parent / "datasets" / "images" / n for n in ("china.jpg", "flower.jpg")]
@@ -108,7 +108,7 @@ def time_column(column: str, cases_path: str, rounds_inner: int = 7) -> dict[str
     if column == "pil":
         run = pil
     else:
-        from nano_patch.vision import native, native_kernels
+        from nano_patch.vision.kernels import native, native_kernels
 
         native._import().set_isa(column.split(":")[1])
 
@@ -149,7 +149,7 @@ def main() -> None:
     if args.column:
         print(json.dumps(time_column(args.column, args.cases)))
         return
-    from nano_patch.vision import native
+    from nano_patch.vision.kernels import native
 
     isas = ["generic", "avx2", "avx512"]
     isas = isas[: isas.index(native._import().best_isa()) + 1]

@@ -146,7 +146,7 @@ def _warn_if_kernels_missing(stacklevel: int = 2) -> None:
     import warnings
 
     from .registry import NanoPatchWarning
-    from .vision import native
+    from .vision.kernels import native
 
     why = native.missing()
     if why is not None:
@@ -156,7 +156,7 @@ def _warn_if_kernels_missing(stacklevel: int = 2) -> None:
 
 def _cache_status() -> dict[str, Any]:
     try:
-        from .vision import cache
+        from .vision.images import cache
 
         s = cache.setting()
         return {"setting": s.mode if s.cap is None else f"on, cap {s.cap} bytes", **cache.describe(s.folder)}
@@ -171,7 +171,7 @@ def report_facts() -> tuple[list[dict[str, Any]], str]:
 
 def _resample_state() -> str:
     try:
-        from .vision import native
+        from .vision.kernels import native
 
         native.available("resample")  # checks this kernel only, not every one
         return native.state()["resample"]
@@ -183,7 +183,7 @@ def _native_kernels() -> dict[str, str]:
     """Per native image kernel: ``native (<instruction set>)`` or ``PIL's code: <why>`` (checks them all);
     one entry ``all`` where the extension itself cannot be used."""
     try:
-        from .vision import native
+        from .vision.kernels import native
 
         return native.summary()
     except Exception as exc:  # noqa: BLE001 - a status never fails

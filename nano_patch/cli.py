@@ -252,7 +252,7 @@ def _status(as_json: bool) -> int:
 def _cache(action: str, cache_dir: str | None, as_json: bool) -> int:
     from pathlib import Path
 
-    from .vision import cache
+    from .vision.images import cache
 
     folders = cache.known_folders([Path(cache_dir).expanduser()] if cache_dir else None)
     if action == "clear":

@@ -15,8 +15,8 @@ from typing import Any
 ENV_PREFIX = "NANO_PATCH_"
 #: Set by ``patch_torch()`` and ``nano-patch run`` so that child processes come up patched.
 STARTUP_ENV = "_NANO_PATCH_STARTUP"
-#: ``NANO_PATCH_*`` variables that are settings of the native kernels (vision/native.py) or of how long a launcher
-#: waits for its ranks to start (train/ranks.py), not patch options.
+#: ``NANO_PATCH_*`` variables that are settings of the native kernels (vision/kernels/native.py) or of how long a
+#: launcher waits for its ranks to start (train/ranks.py), not patch options.
 NON_OPTION_ENV = frozenset({"NANO_PATCH_NO_NATIVE", "NANO_PATCH_NATIVE_ISA", "NANO_PATCH_RANK_START_TIMEOUT"})
 
 _TRUE = {"1", "true", "yes", "on"}

@@ -42,7 +42,8 @@ class Stats:
         self.counts: Counter[tuple[str, bool, str]] = Counter()
         self.seconds: Counter[str] = Counter()
         self.loader: Counter[str] = Counter()
-        #: the decoded-image cache: hits, misses, stored, bytes, decode seconds and pixels (vision/cache/figures.py)
+        #: the decoded-image cache: hits, misses, stored, bytes, decode seconds and pixels
+        #: (vision/images/cache/figures.py)
         self.cache: Counter[str] = Counter()
         #: decisions made once in a run (``num_processes="auto"``'s figures), by name
         self.sections: dict[str, Any] = {}

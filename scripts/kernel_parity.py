@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageEnhance
 
-from nano_patch.vision import native, native_checks, native_kernels
+from nano_patch.vision.kernels import native, native_checks, native_kernels
 
 FAILURES: list[str] = []
 

@@ -34,7 +34,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from nano_patch.vision import cache, decode, loading
+from nano_patch.data import sample_loading as loading
+from nano_patch.vision.images import cache, decode
 
 PAGE = 4096
 
@@ -48,7 +49,8 @@ _READ = textwrap.dedent("""
     import numpy as np
     from pathlib import Path
     from PIL import Image
-    from nano_patch.vision import cache, decode, loading
+    from nano_patch.vision.images import cache, decode
+    from nano_patch.data import sample_loading as loading
     cache_dir, cap, files = sys.argv[1], sys.argv[2], sys.argv[3:]
     store = cache.open_store(Path(cache_dir), None if cap == "on" else int(cap))
     hits = equal = 0
@@ -74,7 +76,7 @@ _FILL = textwrap.dedent("""
     import sys
     import numpy as np
     from pathlib import Path
-    from nano_patch.vision import cache, decode
+    from nano_patch.vision.images import cache, decode
     cache_dir, cap, extra, files = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
     store = cache.open_store(Path(cache_dir), None if cap == "on" else int(cap))
     for f in files:
@@ -381,13 +383,13 @@ def test_an_address_space_limit_too_tight_for_any_map_keeps_the_store(tmp_path, 
     # 48 MB more of entries: the store needs a map of at least that, so a margin of 48 MB over what the reader
     # maps before it opens the store is too little for any map (half the room would be needed to fit the file),
     # while it leaves the reader room for its decodes, whatever else the environment maps (a venv, BLAS threads).
-    pad = ("import sys, numpy as np; from pathlib import Path; from nano_patch.vision import cache; "
+    pad = ("import sys, numpy as np; from pathlib import Path; from nano_patch.vision.images import cache; "
            "s = cache.open_store(Path(sys.argv[1]), int(sys.argv[2])); "
            "[s.put(b'pad %d' % i, np.full((512, 1024, 3), i, np.uint8)) for i in range(32)]; s.close_for_fork()")
     subprocess.run([sys.executable, "-c", pad, str(tmp_path / "cache"), cap], env=_env(), check=True, timeout=300)
     before = _digest(store / "data.mdb")
     assert (store / "data.mdb").stat().st_size > 48 * 1024**2
-    code = ("import numpy, PIL.Image, lmdb; from nano_patch.vision import loading; "
+    code = ("import numpy, PIL.Image, lmdb; from nano_patch.data import sample_loading as loading; "
             "print(next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmSize')))")
     probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), check=True)
     limit = int(probe.stdout) * 1024 + 48 * 1024**2
@@ -438,7 +440,8 @@ _RACY = textwrap.dedent("""
     import numpy as np
     from pathlib import Path
     from PIL import Image
-    from nano_patch.vision import cache, loading
+    from nano_patch.vision.images import cache
+    from nano_patch.data import sample_loading as loading
     folder, cache_dir, tries = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
     pair = [Path(sys.argv[4]).read_bytes(), Path(sys.argv[5]).read_bytes()]
     assert len(pair[0]) == len(pair[1])
@@ -576,7 +579,7 @@ def test_a_hard_linked_data_file_is_never_written_through(tmp_path, files):
 _FORKS = textwrap.dedent("""
     import os, sys
     from pathlib import Path
-    from nano_patch.vision import cache
+    from nano_patch.vision.images import cache
     log, cache_dir, files = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
     real = cache.verify.check_store
     def logged(*a, **k):
@@ -647,7 +650,7 @@ def _child(store: Path) -> subprocess.CompletedProcess:
 def test_the_check_child_on_a_sound_and_a_damaged_store(tmp_path, files):
     """The check child on its own: exit SOUND with nothing printed on a sound store; exit DAMAGED naming the
     value that runs past the end of the file on a damaged copy; the store's bytes unchanged by either."""
-    from nano_patch.vision.cache import check_child
+    from nano_patch.vision.images.cache import check_child
 
     store = _fill(tmp_path / "cache", files)
     before = _digest(store / "data.mdb")

@@ -1,6 +1,6 @@
 """``--fast``'s decoded-image cache fills within a budget: no epoch more than a tenth slower than the cache off.
 
-The budget (``vision/cache/fill.py``) is driven with made-up costs; the batch path is checked to consult it for
+The budget (``vision/images/cache/fill.py``) is driven with made-up costs; the batch path is checked to consult it for
 every miss and to tell it what each sample cost, with stock's batches whatever it decides.
 """
 
@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import nano_patch
-from nano_patch.vision.cache import fill
+from nano_patch.vision.images.cache import fill
 
 
 def _epoch(budget: fill.FillBudget, files: int, stored: set[int], costs: dict[str, float], rng: random.Random,
@@ -84,7 +84,7 @@ def test_the_batch_path_asks_the_budget_and_tells_it_each_samples_cost(image_fol
     from torchvision import transforms as T
     from torchvision.datasets import ImageFolder
 
-    from nano_patch.vision import cache
+    from nano_patch.vision.images import cache
 
     tf = T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.ToTensor()])
     torch.manual_seed(0)

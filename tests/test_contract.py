@@ -118,7 +118,7 @@ def test_registry_entries_go_through_the_patch_s_record_and_back(monkeypatch):
 
     from nano_patch.data import collate, finish_tail
     from nano_patch.registry import AttributeRecord
-    from nano_patch.vision.tensor_tail import ErasedImage
+    from nano_patch.vision.plans.tensor_tail import ErasedImage
 
     fn_map = torch_collate.default_collate_fn_map
     monkeypatch.delitem(fn_map, ErasedImage, raising=False)  # (a worker's registration, made without a record)

@@ -27,7 +27,8 @@ from torch.utils.data import DataLoader
 
 import nano_patch
 from nano_patch.data import batch_loader
-from nano_patch.vision import compose_call, compose_plan, draw_program, native, torch_draws
+from nano_patch.vision.kernels import native, torch_draws
+from nano_patch.vision.plans import compose_call, compose_plan, draw_program
 
 
 @pytest.fixture
@@ -403,7 +404,7 @@ def test_the_backend_crop_and_pad_leave_checked_boxes_to_pil(limit, photos):
     PIL's own error for an inverted box."""
     from torchvision.transforms import functional as F
 
-    from nano_patch.vision.image import FastImage
+    from nano_patch.vision.images.image import FastImage
 
     a = np.asarray(photos[0])
     calls = [lambda im: F.crop(im, 10, 20, 200, 300), lambda im: F.crop(im, 0, 0, 334, 500),

@@ -103,7 +103,7 @@ CHILD = textwrap.dedent(r'''
         limit = call.get("limit", "default")
         Image.MAX_IMAGE_PIXELS = DEFAULT if limit == "default" else limit
         if call.get("hit") and cfg["patched"]:
-            from nano_patch.vision.cache import key_material, store_for
+            from nano_patch.vision.images.cache import key_material, store_for
             store = store_for(ImageFolder(call["root"]))
             path = first_file(call["root"])
             call_hit = store is not None and store.get(key_material(path)) is not None
@@ -285,7 +285,7 @@ def test_fallback_rule_equals_pils(limit, monkeypatch):
     """The re-implementation used where PIL has no ``_decompression_bomb_check`` gives PIL's outcomes."""
     import warnings
 
-    from nano_patch.vision import decode
+    from nano_patch.vision.images import decode
 
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", limit)
 
@@ -305,7 +305,7 @@ def test_fallback_rule_equals_pils(limit, monkeypatch):
 
 def test_only_headers_without_exif_or_mpf_skip_pils_open(files):
     """``plain_open`` (the arithmetic check alone) only for headers whose PIL open cannot warn otherwise."""
-    from nano_patch.vision import decode
+    from nano_patch.vision.images import decode
 
     def data(name):
         return next(Path(files[name]).rglob("*.jpg")).read_bytes()

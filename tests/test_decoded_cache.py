@@ -26,7 +26,7 @@ from PIL import Image
 
 import nano_patch
 from nano_patch import config
-from nano_patch.vision import cache, decode
+from nano_patch.vision.images import cache, decode
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 ROOT = Path(__file__).resolve().parents[1]
@@ -256,7 +256,7 @@ def test_two_ranks_fill_one_store_at_once(image_folder, cache_dir, tmp_path):
 _WRITER = textwrap.dedent("""
     import sys, numpy as np
     from pathlib import Path
-    from nano_patch.vision import cache, decode
+    from nano_patch.vision.images import cache, decode
     cache_dir, files = sys.argv[1], sys.argv[2:]
     store = cache.open_store(Path(cache_dir), 512 * 1024**2)
     for f in files:

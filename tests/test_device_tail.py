@@ -15,7 +15,7 @@ import nano_patch
 from nano_patch import report
 from nano_patch.data import finish_tail
 from nano_patch.train import tail_deferral as trainer_tail
-from nano_patch.vision import tensor_tail
+from nano_patch.vision.plans import tensor_tail
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 ERASE = {"zero": 0, "sequence": (0.5, -1.0, 2.0), "random": "random"}

@@ -1,4 +1,4 @@
-"""The draw program (``vision/draw_program.py``): a known plan's native runs made straight from the native draws.
+"""The draw program (``vision/plans/draw_program.py``): a known plan's native runs made straight from the native draws.
 
 Each sample's program run must equal what the plan's own path makes for it (its Recording's ops, prepared by
 ``oprunner.prepare``), from the same generator state, and leave the generator where that path leaves it; a
@@ -15,7 +15,8 @@ from _epochs import assert_same_epochs, loader_epochs
 
 import nano_patch
 from nano_patch import report
-from nano_patch.vision import compose_call, compose_plan, draw_program, native, oprunner, torch_draws
+from nano_patch.vision.kernels import native, torch_draws
+from nano_patch.vision.plans import compose_call, compose_plan, draw_program, oprunner
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 

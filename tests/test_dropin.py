@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 
 import nano_patch
 from nano_patch.data import batch_loader, render_pool
-from nano_patch.vision import compose_plan
+from nano_patch.vision.plans import compose_plan
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from nano_patch.vision.image import FastImage, fast, plain
+from nano_patch.vision.images.image import FastImage, fast, plain
 
 
 def _pixels() -> np.ndarray:

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from nano_patch.vision import native, native_kernels, oprunner
-from nano_patch.vision.pixel_ops import OP_BRIGHTNESS, OP_CROP, OP_HFLIP, OP_RESIZE, OP_SATURATION
+from nano_patch.vision.kernels import native, native_kernels
+from nano_patch.vision.plans import oprunner
+from nano_patch.vision.plans.pixel_ops import OP_BRIGHTNESS, OP_CROP, OP_HFLIP, OP_RESIZE, OP_SATURATION
 
 pytestmark = pytest.mark.skipif(not native.available("crop_decode"), reason="crop decoding is not usable here")
 

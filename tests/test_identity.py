@@ -78,7 +78,7 @@ def test_early_imports_and_subclasses_see_the_patch(photos):
         out = pipe(photos[0])
     finally:
         F_pil.resize = patched_resize
-    from nano_patch.vision.image import FastImage
+    from nano_patch.vision.images.image import FastImage
 
     assert seen == [FastImage], "the early-imported Compose/subclass did not carry a FastImage"
     assert isinstance(out, Image.Image) and min(out.size) == 64

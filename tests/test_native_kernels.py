@@ -23,7 +23,7 @@ import torchvision.transforms as T
 from PIL import Image, ImageEnhance, ImageStat
 
 import nano_patch
-from nano_patch.vision import native, native_checks, native_kernels
+from nano_patch.vision.kernels import native, native_checks, native_kernels
 
 F = T.functional
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,7 +57,7 @@ def test_the_kernels_pass_their_check_here():
     assert all(v.startswith(f"native ({MOD.isa()}") for k, v in state.items() if k not in native.JPEG_KERNELS), state
     # The extension is imported from the package in use (the source tree or an installed wheel), never
     # from a cache or another folder.
-    assert Path(MOD.__file__).resolve().parent == Path(native.__file__).resolve().parent
+    assert Path(MOD.__file__).resolve().parent == Path(native.__file__).resolve().parents[1]
 
 
 def test_grey_on_every_colour(isa, every_colour):
@@ -357,7 +357,7 @@ def test_switched_off_kernels_run_pil_code(photos):
     code = (
         "import numpy as np, torch, torchvision.transforms as T, nano_patch\n"
         "from PIL import Image\n"
-        "from nano_patch.vision import native\n"
+        "from nano_patch.vision.kernels import native\n"
         "rng = np.random.default_rng(0)\n"
         "im = Image.fromarray(rng.integers(0, 256, (120, 90, 3), dtype=np.uint8))\n"
         "tf = T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.ColorJitter(.4, .4, .4, .1),"
@@ -387,14 +387,14 @@ def test_no_c_compiler_installs_without_the_kernels_and_runs_pil_code(tmp_path):
     assert "could not be compiled" in build.stdout + build.stderr
     wheel = next((tmp_path / "wheels").glob("nano_patch-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    assert "nano_patch/vision/native.py" in names and not [n for n in names if "_native" in n], names
+    assert "nano_patch/vision/kernels/native.py" in names and not [n for n in names if "_native" in n], names
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(site), str(wheel)],
                    check=True, capture_output=True, timeout=300)
     code = (
         "import numpy as np, torchvision.transforms.functional as F, nano_patch\n"
         "from PIL import Image\n"
-        "from nano_patch.vision import native\n"
+        "from nano_patch.vision.kernels import native\n"
         f"assert nano_patch.__file__.startswith({str(site)!r}), nano_patch.__file__\n"
         "im = Image.fromarray(np.random.default_rng(0).integers(0, 256, (50, 70, 3), dtype=np.uint8))\n"
         "want = np.asarray(F.resize(im, [31, 23]))\n"
@@ -444,7 +444,7 @@ def test_a_library_planted_in_a_cache_folder_is_never_loaded(tmp_path):
             subprocess.run(["cc", "-shared", "-fPIC", "-o", str(folder / name), str(c)], check=True)
     code = (
         "import numpy as np, nano_patch\n"
-        "from nano_patch.vision import native, native_kernels\n"
+        "from nano_patch.vision.kernels import native, native_kernels\n"
         "print(native.check_all())\n"
         "native_kernels.hue_shift(np.zeros((4, 4, 3), np.uint8), 3)\n"
     )

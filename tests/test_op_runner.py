@@ -1,4 +1,4 @@
-"""The typed-op renderer (``vision/oprunner.py``, ``csrc/oplist.c``): a sample's recorded ops and its tensor tail
+"""The typed-op renderer (``vision/plans/oprunner.py``, ``csrc/oplist.c``): a sample's recorded ops and its tensor tail
 as one native call, against stock's per-sample result, bit for bit.
 
 Every op on its own and in the combinations where the deferred geometry matters (a crop inside a pending resize,
@@ -25,10 +25,10 @@ from torch.utils.data import default_collate
 
 import nano_patch
 from nano_patch import report
-from nano_patch.vision import compose_call, compose_plan, oprunner, policies
-from nano_patch.vision import functional as K
-from nano_patch.vision.image import FastImage
-from nano_patch.vision.pixels import JITTER
+from nano_patch.vision.images.image import FastImage
+from nano_patch.vision.kernels import functional as K
+from nano_patch.vision.plans import compose_call, compose_plan, oprunner, policies
+from nano_patch.vision.plans.pixels import JITTER
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
@@ -390,7 +390,8 @@ def test_samples_left_to_python_are_counted_with_why(patched, photos, tmp_path):
 def test_a_jpeg_not_decoded_yet_renders_its_first_crop_as_stock(patched, photos, tmp_path, monkeypatch, region):
     """The batch path's JPEG window: the first crop decoded alone (libjpeg-turbo), or, where that is refused, the
     whole file decoded first, as ``pixels.JpegPixels`` does."""
-    from nano_patch.vision import decode, native, native_kernels
+    from nano_patch.vision.images import decode
+    from nano_patch.vision.kernels import native, native_kernels
 
     path = tmp_path / "p.jpg"
     photos[0].save(path, quality=90)

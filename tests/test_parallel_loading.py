@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Subset
 import nano_patch
 from nano_patch import sysinfo
 from nano_patch.data import loader_pool, render_pool
-from nano_patch.vision import compose_plan, oprunner
+from nano_patch.vision.plans import compose_plan, oprunner
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
@@ -303,7 +303,7 @@ def test_every_sample_renders_in_one_native_call_and_tensor_batches_collate_with
     if name.startswith("timm"):
         pytest.importorskip("timm")
     from nano_patch.data import collate
-    from nano_patch.vision import oprunner
+    from nano_patch.vision.plans import oprunner
 
     runs, collated, written = [], [], []
     real_run, real_collate_pairs, real_batch_tensor = oprunner.run, collate.collate_pairs, oprunner.batch_tensor
@@ -380,7 +380,7 @@ def test_the_common_batch_is_collated_as_stocks_default_collate(mixed_folder, mo
 
 def _slots_batch(n=3):
     """``n`` (image, target) pairs whose images are the marked slots of one batch tensor, as the render makes."""
-    from nano_patch.vision.batch_slots import mark_slot
+    from nano_patch.vision.plans.batch_slots import mark_slot
 
     base = torch.arange(n * 2 * 3 * 4, dtype=torch.float32).reshape(n, 2, 3, 4)
     return base, [(mark_slot(slot, base, k), k + 10) for k, slot in enumerate(base.unbind(0))]

@@ -1,5 +1,5 @@
-"""Where a sample's pixels come from (``vision/source.py``) and the dataset's index of its files
-(``vision/file_index.py``): the cache's counts on every path, and an index that never serves a stale entry."""
+"""Where a sample's pixels come from (``vision/images/source.py``) and the dataset's index of its files
+(``vision/images/file_index.py``): the cache's counts on every path, and an index that never serves a stale entry."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from torchvision.datasets import ImageFolder
 
 import nano_patch
 from nano_patch import report
-from nano_patch.vision import cache, file_index
+from nano_patch.vision.images import cache, file_index
 
 
 @pytest.fixture
@@ -91,7 +91,7 @@ def test_the_index_answers_a_seen_file_from_memory_and_equal_to_the_store(tmp_pa
     store = _store(tmp_path)
     paths = sorted(str(p) for p in image_folder.rglob("*.jpg"))
     _old_enough(image_folder)
-    from nano_patch.vision import loading
+    from nano_patch.data import sample_loading as loading
 
     for p in paths:
         loading.cached(store, p)  # stored
@@ -114,7 +114,7 @@ def test_the_index_never_serves_a_file_rewritten_since(tmp_path, photos):
     photos[0].save(p, quality=90)
     _old_enough(tmp_path)
     index = file_index.FileIndex()
-    from nano_patch.vision import source
+    from nano_patch.vision.images import source
 
     assert np.array_equal(source.load(store, p, index=index), np.asarray(Image.open(p).convert("RGB")))
     assert index.look_up(store, p)[1] is not None and len(index) == 1
@@ -129,7 +129,7 @@ def test_a_racily_new_file_is_not_indexed_and_is_stored_once_its_times_are_old(t
     p = tmp_path / "new.jpg"
     photos[0].save(p, quality=90)  # written just now: racy
     index = file_index.FileIndex()
-    from nano_patch.vision import source
+    from nano_patch.vision.images import source
 
     source.load(store, p, index=index)
     assert len(index) == 0 and index.look_up(store, p) == (index.look_up(store, p)[0], None)
@@ -158,7 +158,7 @@ def test_a_hit_from_the_index_still_applies_stocks_size_rule(tmp_path, photos, s
     photos[0].save(p, quality=90)
     _old_enough(tmp_path)
     index = file_index.FileIndex()
-    from nano_patch.vision import source
+    from nano_patch.vision.images import source
 
     source.load(store, p, index=index)
     source.load(store, p, index=index)  # now in the index
@@ -200,7 +200,9 @@ def test_without_the_cache_a_seen_jpeg_is_not_read_in_the_draw(tmp_path, photos,
     """Epoch 1 reads each file in the draw and indexes it; epoch 2 takes its size from the index (the render reads
     it): the batches are stock's in both."""
     from nano_patch.data import batch_loader
-    from nano_patch.vision import decode, native, oprunner
+    from nano_patch.vision.images import decode
+    from nano_patch.vision.kernels import native
+    from nano_patch.vision.plans import oprunner
 
     root = _folder(tmp_path / "f", photos, "jpg")
     stock = _stock_epochs(root, 2)

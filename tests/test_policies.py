@@ -13,8 +13,8 @@ from _rng import rng_differences, rng_state, seed_all
 from PIL import Image
 
 import nano_patch
-from nano_patch.vision import compose_plan
-from nano_patch.vision.image import FastImage
+from nano_patch.vision.images.image import FastImage
+from nano_patch.vision.plans import compose_plan
 
 IM = T.InterpolationMode
 INTERPOLATIONS = [IM.NEAREST, IM.BILINEAR, IM.BICUBIC]

@@ -70,9 +70,9 @@ def test_the_checker_finds_both_kinds_of_use():
     module are found; the module's own private names and other packages' are not."""
     text = ("from .disk import _refused_file, check_directory\nfrom .. import decode\nimport os\n"
             "decode._x\nos._exit\n_own = 1\nprint(_own, check_directory)\n")
-    assert private_uses(text, "nano_patch.vision.cache.store") == {
-        ("nano_patch.vision.cache.store", "nano_patch.vision.cache.disk._refused_file"),
-        ("nano_patch.vision.cache.store", "nano_patch.vision.decode._x")}
+    assert private_uses(text, "nano_patch.vision.images.cache.store") == {
+        ("nano_patch.vision.images.cache.store", "nano_patch.vision.images.cache.disk._refused_file"),
+        ("nano_patch.vision.images.cache.store", "nano_patch.vision.images.decode._x")}
     # a package importing its own private submodule is not a use of another module's private name
     assert private_uses("from . import _version\nfrom .x import _y\n", "nano_patch", is_package=True) == {
         ("nano_patch", "nano_patch.x._y")}

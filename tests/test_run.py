@@ -265,7 +265,7 @@ def test_fallbacks_are_counted_with_reasons(tmp_path, photos):
     from torchvision import transforms as T
     from torchvision.transforms import functional as F
 
-    from nano_patch.vision import decode
+    from nano_patch.vision.images import decode
 
     rgb = photos[0]
     rgb.save(tmp_path / "a.jpg", quality=90)

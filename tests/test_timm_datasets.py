@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import nano_patch
-from nano_patch.vision import decode
+from nano_patch.vision.images import decode
 
 timm_data = pytest.importorskip("timm.data")
 
@@ -62,7 +62,7 @@ TRANSFORMS = {
 
 @pytest.mark.parametrize("name", list(TRANSFORMS))
 def test_image_dataset_equals_stock_and_decodes_through_the_patch(image_folder, name, monkeypatch):
-    from nano_patch.vision import native_kernels
+    from nano_patch.vision.kernels import native_kernels
 
     stock = _run(image_folder, **TRANSFORMS[name])
     seen = []
@@ -79,7 +79,7 @@ def test_image_dataset_equals_stock_and_decodes_through_the_patch(image_folder, 
 def test_maybe_pil_to_tensor_is_a_tail_of_the_plan():
     from timm.data import create_transform
 
-    from nano_patch.vision import compose_plan
+    from nano_patch.vision.plans import compose_plan
 
     nano_patch.patch_torch()
     tf = create_transform(input_size=160, is_training=True, use_prefetcher=True)

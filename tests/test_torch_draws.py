@@ -1,6 +1,6 @@
-"""torch's draws made natively (``vision/torch_draws.py``, ``csrc/torch_draws.c``): every draw, and the generator's
-state after it, equal the installed torch's own; the draw step of a batch uses them, and its batches and generator
-states stay stock's, also where a draw falls back to torch's own code or stock raises.
+"""torch's draws made natively (``vision/kernels/torch_draws.py``, ``csrc/torch_draws.c``): every draw, and the
+generator's state after it, equal the installed torch's own; the draw step of a batch uses them, and its batches and
+generator states stay stock's, also where a draw falls back to torch's own code or stock raises.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from _rng import rng_differences, rng_state, seed_all
 from torch.utils.data import DataLoader
 
 import nano_patch
-from nano_patch.vision import native, torch_draws
+from nano_patch.vision.kernels import native, torch_draws
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 

@@ -447,7 +447,7 @@ def test_batches_kept_or_sent_to_another_process_are_never_written_again(folder,
     (the tensor, a view, a NumPy array) or pickles to another process keeps its values."""
     import multiprocessing
 
-    from nano_patch.vision import oprunner
+    from nano_patch.vision.plans import oprunner
 
     def sums(kept: list[Any]) -> list[float]:
         return [float(t.double().sum()) for t in kept]

@@ -11,7 +11,7 @@ import torchvision.transforms as T
 from PIL import Image, features
 
 import nano_patch
-from nano_patch.vision import decode
+from nano_patch.vision.images import decode
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 

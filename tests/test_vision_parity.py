@@ -315,7 +315,7 @@ def test_colour_and_point_ops_are_bit_exact(photos):
 def test_resize_is_exact_on_many_real_crops(photos):
     """Resize is PIL's own: over hundreds of real crops and scales (up and down, one axis or both,
     bilinear and bicubic), a FastImage resized by the patch equals stock pixel for pixel."""
-    from nano_patch.vision.image import FastImage
+    from nano_patch.vision.images.image import FastImage
 
     rng = np.random.default_rng(42)
     cases = []

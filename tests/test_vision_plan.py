@@ -17,8 +17,8 @@ from _rng import rng_differences, rng_state, seed_all
 from PIL import Image
 
 import nano_patch
-from nano_patch.vision import compose_plan
-from nano_patch.vision.image import FastImage
+from nano_patch.vision.images.image import FastImage
+from nano_patch.vision.plans import compose_plan
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 IM = T.InterpolationMode
@@ -207,7 +207,7 @@ def test_image_types_in_and_out(photos):
 
 
 def test_uint8_output_for_dataloader_workers(photos):
-    from nano_patch.vision import compose_call
+    from nano_patch.vision.plans import compose_call
 
     nano_patch.patch_torch()
     tf = T.Compose([T.RandomResizedCrop(40), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])

@@ -65,7 +65,7 @@ def _inputs(kind: str, im: Image.Image):
     if kind == "pil":
         return (im,)
     if kind == "fast_image":
-        from nano_patch.vision.image import FastImage
+        from nano_patch.vision.images.image import FastImage
 
         return (FastImage.wrap(np.asarray(im).copy()),)
     t = torch.from_numpy(np.atleast_3d(np.asarray(im)).copy()).permute(2, 0, 1).contiguous()

@@ -23,9 +23,9 @@ from PIL import Image
 from torchvision.transforms import _functional_pil as F_pil
 
 import nano_patch
-from nano_patch.vision import functional as K
-from nano_patch.vision import native, native_checks, native_kernels
-from nano_patch.vision.image import FastImage
+from nano_patch.vision.images.image import FastImage
+from nano_patch.vision.kernels import functional as K
+from nano_patch.vision.kernels import native, native_checks, native_kernels
 
 F = T.functional
 IM = T.InterpolationMode

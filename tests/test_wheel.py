@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nano_patch.vision import native, native_checks
+from nano_patch.vision.kernels import native, native_checks
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Set by scripts/check-wheel to the installed package's site folder. Read once here: the suite's autouse

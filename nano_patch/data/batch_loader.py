@@ -38,21 +38,12 @@ from typing import Any
 import numpy as np
 
 from .. import config, forks, report
-from ..vision import (
-    cache,
-    compose_call,
-    compose_plan,
-    decode,
-    draw_program,
-    file_index,
-    native,
-    oprunner,
-    source,
-    torch_draws,
-)
-from ..vision.cache import fill
-from ..vision.image import FastImage, plain
-from ..vision.tensor_tail import ErasedImage
+from ..vision.images import cache, decode, file_index, source
+from ..vision.images.cache import fill
+from ..vision.images.image import FastImage, plain
+from ..vision.kernels import native, torch_draws
+from ..vision.plans import compose_call, compose_plan, draw_program, oprunner
+from ..vision.plans.tensor_tail import ErasedImage
 from . import collate, render_pool, torch_state
 
 #: A sample's pixels, as the draw found them: one of these kinds, with what the render needs.
@@ -214,7 +205,7 @@ class _Run:
 
     @classmethod
     def of(cls, dataset: Any, transform: Any, target_transform: Any) -> _Run:
-        from ..vision import loading
+        from . import sample_loading as loading
 
         store = cache.store_for(dataset)
         with_info = loading.needs_info(transform)
@@ -728,7 +719,7 @@ def why_not_drawn_apart(dataset: Any) -> str | None:
         return why
     if not native.available("torch_draws") or not torch_draws.defaults_are_stock():
         return "torch's draws are not made natively here (nano-patch status: torch_draws)"
-    from ..vision import loading
+    from . import sample_loading as loading
 
     if loading.needs_info(transform):
         return "an image may leave the pipeline"

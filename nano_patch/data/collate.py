@@ -1,7 +1,7 @@
 """Collation that costs nothing: a batch whose samples were rendered into one batch tensor is that tensor.
 
-The native op runner (``vision/oprunner.py``) writes each sample's image tensor straight into its slot of a batch
-tensor laid out as ``torch.stack`` lays the samples out, and marks each slot (``vision/batch_slots.py``).
+The native op runner (``vision/plans/oprunner.py``) writes each sample's image tensor straight into its slot of a batch
+tensor laid out as ``torch.stack`` lays the samples out, and marks each slot (``vision/plans/batch_slots.py``).
 ``default_collate`` stacks tensors through ``default_collate_fn_map[torch.Tensor]``; while the DataLoader patch is
 applied that entry is :func:`collate_tensor` (put there, and back at revert, through the patch's record): where
 ``batch`` is exactly the marked slots of one batch tensor, in order, each still a view of its place, the stack's
@@ -19,7 +19,7 @@ import threading
 from typing import Any
 
 from ..registry import AttributeRecord
-from ..vision.batch_slots import slot_of, unmark
+from ..vision.plans.batch_slots import slot_of, unmark
 
 _stock_collate_tensor: Any = None
 #: where :func:`install` was called without the patch's record: what :func:`uninstall` puts back

@@ -1,7 +1,7 @@
 """Finishing a uint8 batch: the tensor tail's float32 operations on the whole batch, in stock's order.
 
-Where a DataLoader splits the tensor tail off its samples (``vision/tensor_tail.py``: the sample is the uint8 image
-the tail starts from, with ``RandomErasing``'s draws), :func:`apply_tail` makes, on the collated batch, the very
+Where a DataLoader splits the tensor tail off its samples (``vision/plans/tensor_tail.py``: the sample is the uint8
+image the tail starts from, with ``RandomErasing``'s draws), :func:`apply_tail` makes, on the collated batch, the very
 operations stock makes per image: on the CPU (``data/uint8_batches.py``, the main process) or on the device after
 the transfer (:class:`DeferredImages`, which ``train/tail_deferral.py`` lets through to Lightning's transfer).
 
@@ -20,7 +20,7 @@ from typing import Any
 
 from .. import forks
 from ..registry import AttributeRecord
-from ..vision.tensor_tail import V1_DIV, V2_MUL, ErasedImage, Erasure, TailSpec
+from ..vision.plans.tensor_tail import V1_DIV, V2_MUL, ErasedImage, Erasure, TailSpec
 
 
 @dataclass

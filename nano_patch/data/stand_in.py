@@ -321,7 +321,7 @@ def _stand_in(conn: Any, parent: int, dataset: Any, worker_id: int, num_workers:
 def _uint8(dataset: Any) -> Any:
     """While this runs, the dataset's Compose stops before its tail (the device finishes the batch), as the fast path
     stops it for the same iterator (a persistent iterator may switch between epochs)."""
-    from ..vision import compose_call
+    from ..vision.plans import compose_call
     from .uint8_batches import register_collate, uint8_transform
 
     found = uint8_transform(dataset)

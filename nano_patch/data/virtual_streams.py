@@ -81,7 +81,7 @@ class Stream:
     def __init__(self, worker_id: int, seeds: Seeds, kernel: Any) -> None:
         import torch
 
-        from ..vision import torch_draws
+        from ..vision.kernels import torch_draws
 
         self.worker_id = worker_id
         self.seeds = seeds
@@ -280,7 +280,7 @@ def _pinned(data: Any, device: Any, index: int) -> Any:
 def _fast_batch(ctx: Context, stream: Stream, indices: Any) -> Any:
     """The collated batch of ``indices`` as worker ``stream.worker_id`` would send it, by the fast path; or None
     where a stand-in must load it (the stream's draws are then where they were)."""
-    from ..vision import oprunner
+    from ..vision.plans import oprunner
     from . import batch_loader, collate
 
     snap = ctx.snapshot

@@ -57,7 +57,7 @@ def start(loader: Any, loader_threads: int | str, uint8: bool = False) -> Any:
     stock's ``_get_iterator`` starts its worker processes (its checks and warnings, from its own line); ``uint8``:
     its batches stop before the tensor tail, which the device finishes. None where the dataset does not pickle
     for a fresh worker (stock's workers then raise stock's error, where they start)."""
-    from ..vision import native
+    from ..vision.kernels import native
 
     fresh = fresh_context(loader)
     if fresh is None:

@@ -42,7 +42,7 @@ class WorkerInit:
 #: method on Linux) they are imported once into the server, and each worker forked from it finds them imported:
 #: the same modules at their defaults, without paying their import again per worker and per epoch.
 FORKSERVER_PRELOAD = ("torch", "torchvision.datasets", "torchvision.transforms", "PIL.Image", "nano_patch",
-                      "nano_patch.vision.native")
+                      "nano_patch.vision.kernels.native")
 
 
 def preload_forkserver() -> list[str] | None:

@@ -60,7 +60,7 @@ class DataLoaderPatch(Patch):
         from torch.utils.data._utils import fetch as torch_fetch
 
         from ..data import collate, fetch, finish_tail, loader_pool, uint8_batches
-        from ..vision import native
+        from ..vision.kernels import native
 
         loader_pool.configure(options.loader_threads)
         collate.install(self.record)  # a batch the loader's threads rendered into one tensor is collated as it is
@@ -159,7 +159,7 @@ class DataLoaderPatch(Patch):
             return dataclasses.replace(found[1], channels_last=opts.channels_last), "uint8 batches"
 
         def _prepare_cache(dataset: Any) -> None:
-            from ..vision import cache
+            from ..vision.images import cache
 
             try:
                 cache.prepare(dataset)

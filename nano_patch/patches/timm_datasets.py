@@ -121,7 +121,7 @@ def _getitems(dataset_cls: type, reader_cls: type, reader_methods: dict[str, Any
 
 
 def _getitem(reader_cls: type, reader_methods: dict[str, Any]) -> Callable[..., Any]:
-    from ..vision import loading
+    from ..data import sample_loading as loading
 
     stock_getitem = reader_methods["__getitem__"]
     log = logging.getLogger("timm.data.dataset")  # timm's own logger, for timm's own warning

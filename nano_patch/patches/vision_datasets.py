@@ -10,7 +10,7 @@
   and decodes through the same path. Caltech101 keeps each photo's own mode (grayscale stays "L").
 
 Every one of these paths reads and fills the decoded-image cache when it is on
-(``vision/cache.py``): later epochs skip decoding.
+(``vision/images/cache.py``): later epochs skip decoding.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class VisionDatasetsPatch(Patch):
         from torchvision.datasets import folder
 
         from ..data import fetch
-        from ..vision import loading
+        from ..data import sample_loading as loading
 
         known = (folder.pil_loader, folder.default_loader)
         # Redirected in place: datasets hold these very objects as default arguments and must
@@ -130,7 +130,7 @@ def _loader_adapter(
     """``__getitem__`` for datasets that call ``self.loader(path)``, then transform and target_transform."""
     import torchvision
 
-    from ..vision import loading
+    from ..data import sample_loading as loading
 
     def getitem(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         loader = getattr(instance, "loader", None)
@@ -153,7 +153,7 @@ def _pet_adapter() -> Callable[..., Any]:
     """OxfordIIITPet opens with ``Image.open(...).convert("RGB")`` (its files include PNGs named .jpg)."""
     from torchvision.datasets.vision import StandardTransform
 
-    from ..vision import loading
+    from ..data import sample_loading as loading
 
     def getitem(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         transforms = getattr(instance, "transforms", None)
@@ -184,7 +184,7 @@ def _caltech_adapter() -> Callable[..., Any]:
     """Caltech101 opens with a bare ``Image.open`` (no RGB conversion): its grayscale photos stay "L"."""
     import os
 
-    from ..vision import loading
+    from ..data import sample_loading as loading
 
     def getitem(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if len(args) != 1 or kwargs or list(instance.target_type) != ["category"]:
@@ -206,7 +206,7 @@ def _caltech_adapter() -> Callable[..., Any]:
 def builtin_adapters(module: ModuleType, known: tuple[Callable[..., Any], ...]) -> dict[type, Callable[..., Any]]:
     from torchvision.datasets import folder
 
-    from ..vision import loading
+    from ..data import sample_loading as loading
 
     def files(inst: Any, i: int) -> tuple[Any, Any]:
         return inst._image_files[i], inst._labels[i]

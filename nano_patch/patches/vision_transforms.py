@@ -2,12 +2,12 @@
 
 Where the patch goes in:
 - ``torchvision.transforms._functional_pil``: the PIL backend every stock ``functional`` function
-  (v1, and v2's PIL kernels) dispatches to. A ``FastImage`` (``vision/image.py``, a PIL image only
+  (v1, and v2's PIL kernels) dispatches to. A ``FastImage`` (``vision/images/image.py``, a PIL image only
   the patch makes) runs the kernels on its array; the hot ones run for plain RGB and L PIL images
   too. Anything else, a user's ``np.ndarray`` included, is stock's to accept or reject. Argument
   parsing, matrices and random draws stay in the stock code above it.
 - ``functional.to_tensor``, ``pil_to_tensor`` and ``gaussian_blur``, which do not dispatch there.
-- ``Compose.__call__``: carries images as ``FastImage`` between steps (``vision/compose_call.py``).
+- ``Compose.__call__``: carries images as ``FastImage`` between steps (``vision/plans/compose_call.py``).
 
 Functions are redirected in place (``AttributeRecord.redirect``): each stays the same object, so
 ``from torchvision.transforms.functional import to_tensor`` done earlier sees the patch and
@@ -76,8 +76,8 @@ def _backend_wrapper(original: Callable[..., Any], kernel: Callable[..., Any] | 
     import numpy as np
     from PIL import Image
 
-    from ..vision import functional as K
-    from ..vision.image import FastImage
+    from ..vision.images.image import FastImage
+    from ..vision.kernels import functional as K
 
     name = original.__name__
     counted = not name.startswith("get_")  # size queries do no pixel work
@@ -138,7 +138,7 @@ def _backend_wrapper(original: Callable[..., Any], kernel: Callable[..., Any] | 
 
 def _fast_array(pic: Any) -> Any:
     """The pixels of a patch-made image, else None (stock code handles everything else)."""
-    from ..vision.image import FastImage
+    from ..vision.images.image import FastImage
 
     return pic.array if isinstance(pic, FastImage) else None
 
@@ -147,7 +147,7 @@ def _to_tensor_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
     import numpy as np
     from PIL import Image
 
-    from ..vision import functional as K
+    from ..vision.kernels import functional as K
 
     def to_tensor(pic: Any) -> Any:
         a = _fast_array(pic)
@@ -159,7 +159,7 @@ def _to_tensor_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _pil_to_tensor_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
-    from ..vision import functional as K
+    from ..vision.kernels import functional as K
 
     def pil_to_tensor(pic: Any) -> Any:
         a = _fast_array(pic)
@@ -172,8 +172,8 @@ def _gaussian_blur_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
     import numpy as np
     from PIL import Image
 
-    from ..vision import functional as K
-    from ..vision.image import FastImage
+    from ..vision.images.image import FastImage
+    from ..vision.kernels import functional as K
 
     def gaussian_blur(img: Any, kernel_size: Any, sigma: Any = None) -> Any:
         a = _fast_array(img)
@@ -239,8 +239,8 @@ class VisionTransformsPatch(Patch):
         from torchvision.transforms import _functional_pil as F_pil
         from torchvision.transforms import functional as F
 
-        from ..vision import compose_call
-        from ..vision import functional as K
+        from ..vision.kernels import functional as K
+        from ..vision.plans import compose_call
 
         compose_call.configure(module)
         for name, (policy, pil_too) in _PIL_BACKEND.items():
@@ -264,8 +264,8 @@ class VisionTransformsPatch(Patch):
         self.record.wrap(module.Compose, "__call__", compose_wrapper)
 
     def _revert(self) -> None:
-        from ..vision import compose_call
-        from ..vision import functional as K
+        from ..vision.kernels import functional as K
+        from ..vision.plans import compose_call
 
         compose_call.deactivate()
         K.release_cv2()

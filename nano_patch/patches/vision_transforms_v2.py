@@ -7,7 +7,7 @@ plain PIL ``RGB``/``L`` image anywhere in a ``Compose``'s inputs (alone, or besi
 labels) becomes a ``FastImage`` for the steps, and a plain PIL image again at the end. Random
 draws, ``tv_tensors`` and everything that is not a PIL image are untouched. The policies
 (``AutoAugment``, ``RandAugment``, ``TrivialAugmentWide``) on a lone image run from the plan
-(``vision/compose_plan.py``): stock's draws, then the kernels. ``_utils._get_fill`` looks a ``FastImage`` up
+(``vision/plans/compose_plan.py``): stock's draws, then the kernels. ``_utils._get_fill`` looks a ``FastImage`` up
 as the PIL image it stands for, so fills given per type apply as in stock.
 """
 
@@ -41,8 +41,8 @@ class VisionTransformsV2Patch(Patch):
         from torchvision.transforms.v2 import _utils
 
         from ..registry import stock_copy
-        from ..vision import compose_call, compose_plan
-        from ..vision.image import FastImage, fast, plain
+        from ..vision.images.image import FastImage, fast, plain
+        from ..vision.plans import compose_call, compose_plan
 
         tail = _TensorTail(module)
         compose_plan.configure_v2(module)
@@ -90,7 +90,7 @@ class VisionTransformsV2Patch(Patch):
         compose_call.configure_v2(module.Compose)
 
     def _revert(self) -> None:
-        from ..vision import compose_call
+        from ..vision.plans import compose_call
 
         compose_call.configure_v2(None)
 
@@ -103,7 +103,7 @@ def _count_steps(steps: list[Any], how: str) -> None:
 def _fill_for_fast_images(original: Any) -> Any:
     from PIL import Image
 
-    from ..vision.image import FastImage
+    from ..vision.images.image import FastImage
 
     def _get_fill(fill_dict: Any, inpt_type: Any) -> Any:
         return original(fill_dict, Image.Image if inpt_type is FastImage else inpt_type)
@@ -138,8 +138,8 @@ class _TensorTail:
     def run(self, steps: list[Any], x: Any) -> Any:
         import torch
 
-        from ..vision import functional as K
-        from ..vision.image import FastImage
+        from ..vision.images.image import FastImage
+        from ..vision.kernels import functional as K
 
         v2 = self.v2
         if not steps:
@@ -177,8 +177,8 @@ class _TensorTail:
         from PIL import Image
         from torchvision.transforms import functional as F1
 
-        from ..vision import compose_plan, tensor_tail
-        from ..vision.image import FastImage
+        from ..vision.images.image import FastImage
+        from ..vision.plans import compose_plan, tensor_tail
 
         for t in items[:spec.start]:
             planned = compose_plan.run_v2_policy(t, x) if isinstance(x, FastImage) else None

@@ -1,7 +1,7 @@
 """When to defer the tensor tail to the device: which loader iterations of a Trainer may hand over uint8 batches.
 
-A patched DataLoader whose pipeline ends in the tensor tail (``vision/tensor_tail.py``) yields stock's float batches,
-except where this module says that nothing the user wrote can see the difference; then its batches carry uint8
+A patched DataLoader whose pipeline ends in the tensor tail (``vision/plans/tensor_tail.py``) yields stock's float
+batches, except where this module says that nothing the user wrote can see the difference; then its batches carry uint8
 images as a ``DeferredImages`` that Lightning's transfer (``Strategy.batch_to_device`` ->
 ``LightningModule.transfer_batch_to_device`` -> ``move_data_to_device``, which calls its ``.to``) finishes on the
 device, before ``on_after_batch_transfer``, the callbacks' batch hooks and the step. The rule, all of it:

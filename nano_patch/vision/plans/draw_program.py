@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
+from ..kernels.functional import crop_checked
+from ..kernels.native_kernels import FILTERS
 from . import compose_call, compose_plan, oprunner, steps, stock
 from . import pixel_ops as P
-from .functional import crop_checked
-from .native_kernels import FILTERS
 from .pixels import UseStock, grey_by_position
 from .recording import NotSplittable
 
@@ -202,7 +202,7 @@ def _crop(records: list[Any], hw: tuple[int, int], top: int, left: int, height: 
 
 
 def _random_resized_crop(t: Any, draws: Any, codes: set[int]) -> Step:
-    from . import torch_draws
+    from ..kernels import torch_draws
 
     resize = _make_resize_to(t.size, t.interpolation, None, t.antialias, codes)
     scale, ratio = t.scale, t.ratio

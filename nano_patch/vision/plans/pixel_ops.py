@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import forks
-from . import functional as K
-from .native_kernels import FILTERS
+from ... import forks
+from ..kernels import functional as K
+from ..kernels.native_kernels import FILTERS
 from .pixels import Pixels, grey_by_position
 
 

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import forks, report
-from . import native, native_checks, native_kernels
+from ... import forks, report
+from ..kernels import native, native_checks, native_kernels
 from .batch_slots import mark_slot
 from .pixel_ops import OP_CROP, OP_KERNELS, RenderFailed, TensorTail
 from .recording import Recording
@@ -234,7 +234,7 @@ DECODED = {True: "JPEG window decoded by libjpeg-turbo (crop region)", False: "J
 def run_jpeg(job: NativeRun, data: bytes, size: tuple[int, int], path: Any) -> Any:
     """``job`` on a JPEG not decoded yet: its first crop decoded alone where it can be (as ``pixels.JpegPixels``),
     else the whole file decoded first."""
-    from . import decode
+    from ..images import decode
 
     first = job.records[0] if job.records else None
     if first is not None and first[0] == OP_CROP:

@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from . import functional as K
+from ..kernels import functional as K
 from . import stock
 from .pixels import JITTER, Pixels, UseStock
 

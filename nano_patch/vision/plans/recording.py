@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from . import functional as K
-from .image import FastImage
+from ..images.image import FastImage
+from ..kernels import functional as K
 from .pixel_ops import HFLIP, VFLIP, Colour, Crop, Grey, ImageEnd, Op, Point, RenderFailed, Resize, TensorTail, Whole
 from .pixels import Pixels
 
@@ -37,7 +37,7 @@ class Recording(Pixels):
     It stands in for :class:`Pixels` while a plan runs its steps: every random draw happens as stock makes
     it (from the size and mode alone), and every pixel operation is written down as a typed :class:`Op` with
     its parameters. :func:`render` later makes them, in the same order, on the real pixels (in any thread: it
-    draws nothing), in Python or as one call of the native op runner (``vision/oprunner.py``). Whatever needs
+    draws nothing), in Python or as one call of the native op runner (``vision/plans/oprunner.py``). Whatever needs
     the pixels while drawing (a stock step, a stock fallback inside a step) raises :class:`NotSplittable`.
     """
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import sysinfo
+from ... import sysinfo
 
 #: PIL's resampling filter numbers (Image.Resampling) that the resample kernel reproduces.
 FILTERS = {1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}

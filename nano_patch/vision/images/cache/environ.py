@@ -39,7 +39,7 @@ def warn_once(tag: str, message: str) -> None:
     """Warn unless this process or the one that started it already did for ``tag``."""
     if not add_token(WARNED_ENV, tag):
         return
-    from ...registry import NanoPatchWarning
+    from ....registry import NanoPatchWarning
 
     warnings.warn(f"nano-patch: {message}", NanoPatchWarning, stacklevel=3)
 

@@ -24,7 +24,10 @@ import threading
 from collections.abc import Callable
 from types import ModuleType
 
-from .. import forks
+from ... import forks
+
+#: The compiled extensions sit in ``vision/`` itself, beside ``csrc/`` (their build names them there).
+VISION_PACKAGE = __package__.rpartition(".")[0]
 
 #: The kernels, each checked on its own: the name ``nano-patch status`` shows, and what it stands for.
 KERNELS = {
@@ -65,7 +68,7 @@ def switched_off() -> bool:
 def load_extension() -> ModuleType:
     """Import the extension module; :class:`ExtensionMissing` where it is not installed or does not load."""
     try:
-        return importlib.import_module(f"{__package__}._native")
+        return importlib.import_module("._native", VISION_PACKAGE)
     except ModuleNotFoundError as exc:
         raise ExtensionMissing(
             f"nano-patch was installed without its compiled kernels (no working C compiler at install time?). "
@@ -137,7 +140,7 @@ def _load_native() -> ModuleType:
 def _load_jpeg() -> ModuleType:
     """The ``_jpeg`` extension (crop decoding), or :class:`NativeUnavailable` saying why not."""
     try:
-        return importlib.import_module(f"{__package__}._jpeg")
+        return importlib.import_module("._jpeg", VISION_PACKAGE)
     except ModuleNotFoundError as exc:
         raise NativeUnavailable(
             "nano-patch was installed without crop-region JPEG decoding (libjpeg-turbo's headers or library were "

@@ -7,7 +7,7 @@ import threading
 
 import numpy as np
 
-from ... import report
+from .... import report
 
 #: The figures are read-modify-writes: threads loading at once would lose counts without it.
 _lock = threading.Lock()

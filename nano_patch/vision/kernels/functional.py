@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageEnhance, ImageOps
 
-from .. import report
+from ... import report
 from . import native, native_kernels
 from .native_checks import pil_hue_shift, rotate_data
 

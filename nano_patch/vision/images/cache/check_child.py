@@ -1,6 +1,6 @@
 """The open-time check of a store, run as its own short-lived process before any process reads the store.
 
-Started by :func:`nano_patch.vision.cache.verify.check_store` as ``python -I check_child.py LMDB_PARENT PATH
+Started by :func:`nano_patch.vision.images.cache.verify.check_store` as ``python -I check_child.py LMDB_PARENT PATH
 MAP_SIZE MAX_READERS``: the script by its path, in isolated mode (no environment variables, no user site, no
 script folder on ``sys.path``), with only the folder that holds ``lmdb`` added. It imports nothing of
 nano-patch: a fault on the store's bytes (SIGBUS, SIGSEGV) kills this process, never the run.

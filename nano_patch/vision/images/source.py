@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import report
+from ... import report
 from . import cache, decode
 from .cache.fill import FillBudget
 from .file_index import FileIndex

@@ -118,7 +118,7 @@ class FastImage(Image.Image):
 
     def resize(self, size: Any, resample: Any = None, box: Any = None, reducing_gap: Any = None) -> Image.Image:
         """``Image.resize`` through the exact array kernels (v2 and F_pil call this), else PIL's own."""
-        from . import functional as K
+        from ..kernels import functional as K
 
         if (
             resample in K.ARRAY_RESIZE_FILTERS and box is None and reducing_gap is None
@@ -142,7 +142,7 @@ class FastImage(Image.Image):
                   fill: int = 1, fillcolor: Any = None) -> Image.Image:
         """``Image.transform`` through the exact native warp for ``AFFINE`` and ``PERSPECTIVE`` with
         nearest, bilinear or bicubic (timm's augmentations call it), else PIL's own."""
-        from . import functional as K
+        from ..kernels import functional as K
 
         kinds = (Image.Transform.AFFINE, Image.Transform.PERSPECTIVE)
         if type(method) in (int, Image.Transform) and method in kinds and self._warps_natively(resample):
@@ -158,7 +158,7 @@ class FastImage(Image.Image):
     def rotate(self, angle: float, resample: Any = Image.Resampling.NEAREST, expand: Any = False, center: Any = None,
                translate: Any = None, fillcolor: Any = None) -> Image.Image:
         """``Image.rotate`` through the exact native warp (timm's augmentations call it), else PIL's own."""
-        from . import functional as K
+        from ..kernels import functional as K
 
         if self._warps_natively(resample):
             a = self._array if self._array is not None else np.asarray(self)

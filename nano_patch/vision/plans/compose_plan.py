@@ -35,23 +35,19 @@ from typing import Any
 
 from PIL import Image
 
-from .. import forks, report
+from ... import forks, report
+from ..images.image import FastImage
 from . import tensor_tail
-from .image import FastImage
 from .pixel_ops import RenderFailed, TensorTail  # noqa: F401 - (RenderFailed) where the batch loader finds it
 from .pixels import DecodeFailed, JpegPixels, LeftPlan, Pixels, UseStock  # noqa: F401 - the same
-from .policies import (  # noqa: F401 - tests reach the policies' ops through the plan
+from .policies import (
     POLICY_METHODS,
-    configure_v2,
-    policy_op,
     run_augmix,
     run_auto_augment,
     run_rand_augment,
     run_timm_auto_augment,
     run_timm_rand_augment,
     run_trivial_augment_wide,
-    run_v2_policy,
-    v2_op,
 )
 from .recording import NotSplittable, Recording, render  # noqa: F401 - (render) the same
 from .steps import (

@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from ... import config
+from .... import config
 from .disk import free_space, store_bytes
 from .entries import DEFAULT_CAP, MIN_CAP
 from .store import Store

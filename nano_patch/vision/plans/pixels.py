@@ -19,10 +19,11 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from .. import report, sysinfo
-from . import functional as K
-from . import native, native_kernels, stock
-from .image import FastImage
+from ... import report, sysinfo
+from ..images.image import FastImage
+from ..kernels import functional as K
+from ..kernels import native, native_kernels
+from . import stock
 
 
 def grey_by_position() -> bool:
@@ -198,7 +199,7 @@ class JpegPixels(Pixels):
             return Pixels.base.__get__(self)  # type: ignore[attr-defined]
         except AttributeError:
             pass
-        from . import decode
+        from ..images import decode
 
         try:
             a = decode.decode_rgb(self.path, data=self.data, checked=True)  # its maker ran decode.check_open

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from .. import report
-from . import functional as K
+from ... import report
+from ..kernels import functional as K
 from . import stock
 from .pixels import JITTER, LeftPlan, Pixels, UseStock
 from .recording import NotSplittable, Recording
@@ -155,7 +155,7 @@ def run_rand_augment(t: Any, px: Pixels) -> Pixels:
 
 
 def run_augmix(t: Any, px: Pixels) -> Pixels:
-    """AugMix mixes on tensors with torch's arithmetic: ``vision/augmix.py`` runs it as stock does, with its
+    """AugMix mixes on tensors with torch's arithmetic: ``vision/plans/augmix.py`` runs it as stock does, with its
     sampling grids and per-value ops computed once."""
     from . import augmix
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from .. import report
+from ... import report
 
 _JPEG_SOI = b"\xff\xd8\xff"
 

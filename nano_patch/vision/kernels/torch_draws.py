@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import forks
+from ... import forks
 
 #: words of a draw state: the twister's 624, then ``left`` and ``next`` as torch keeps them
 STATE_WORDS = 626

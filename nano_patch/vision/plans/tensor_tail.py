@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from . import functional as K
+from ..kernels import functional as K
 
 #: The steps of a tensor tail, by kind.
 TO_TENSOR, PIL_TO_TENSOR, CONVERT, TO_DTYPE, NORMALIZE = (

@@ -124,7 +124,7 @@ def root_dataset(dataset: Any) -> Any:
 def _is_main_process() -> bool:
     import multiprocessing
 
-    from ... import exit_notices
+    from .... import exit_notices
 
     if multiprocessing.parent_process() is not None:
         return False
