@@ -170,10 +170,10 @@ out.update(images=n, seconds=seconds, images_per_s=n / seconds, cpu_s_per_image=
            tree_pss_mb=sum(p.memory_full_info().pss for p in tree if p.is_running()) / 2**20)
 if cfg["side"] == "patched":
     try:
-        from nano_patch.data import loader_pool
+        from nano_patch.data import loader_threads
     except ImportError:  # a checkout from before the module's rename (data/parallel.py), for comparisons
-        from nano_patch.data import parallel as loader_pool
-    out["loader_threads"] = loader_pool.describe()
+        from nano_patch.data import parallel as loader_threads
+    out["loader_threads"] = loader_threads.describe()
     out["nano_patch"] = os.path.dirname(nano_patch.__file__)
 print(json.dumps(out))
 """

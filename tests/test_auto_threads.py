@@ -19,7 +19,7 @@ from torchvision.datasets import ImageFolder
 
 import nano_patch
 from nano_patch import sysinfo
-from nano_patch.data import auto_threads, loader_pool
+from nano_patch.data import auto_threads, loader_threads
 
 Rate = Callable[[int, int], float]  # images/s on n threads at batch b
 
@@ -253,12 +253,12 @@ def test_the_loader_starts_on_every_core_then_measures_its_batches(image_folder,
     monkeypatch.setattr(auto_threads.AutoThreads, "RECHECK_BATCHES", 3)
     nano_patch.patch_torch()  # loader_threads="auto"
     ds = ImageFolder(str(image_folder), transform=T.Compose([T.Resize(40), T.CenterCrop(32), T.ToTensor()]))
-    assert loader_pool.threads() == 2  # every usable core from the first batch
+    assert loader_threads.threads() == 2  # every usable core from the first batch
     loader = DataLoader(ds, batch_size=2)
     for _ in range(10):  # 3 batches on 2 threads, then windows of 1 uncounted batch and 2 counted: 2, 1, 2
         for _ in loader:
             pass
-        auto = loader_pool.describe()["auto"]
+        auto = loader_threads.describe()["auto"]
         if auto["rechecks"] and not auto["climbing"]:
             break
     assert auto["images_per_s"].keys() == {"1", "2"} and auto["threads"] in (1, 2)

@@ -257,7 +257,7 @@ def test_a_worker_process_takes_its_batch_whole_into_shared_memory(image_folder,
     from torchvision import transforms as T
     from torchvision.datasets import ImageFolder
 
-    from nano_patch.data import loader_pool
+    from nano_patch.data import loader_threads
 
     tf = T.Compose([T.RandomResizedCrop(96), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
     ds = ImageFolder(str(image_folder), transform=tf)
@@ -266,7 +266,7 @@ def test_a_worker_process_takes_its_batch_whole_into_shared_memory(image_folder,
     state = torch.get_rng_state()
     nano_patch.patch_torch()
     monkeypatch.setattr(worker, "_worker_info", worker.WorkerInfo(id=0, num_workers=1, seed=0, dataset=ds))
-    assert loader_pool.threads() == 1
+    assert loader_threads.threads() == 1
     fetcher = _DatasetKind.create_fetcher(_DatasetKind.Map, ds, True, default_collate, False)
 
     real_stack = torch.stack

@@ -93,7 +93,7 @@ def test_lazy_patching_imports_nothing_and_patches_on_import():
         "import sys, nano_patch; nano_patch.patch_torch();"
         "heavy=[m for m in ('torch','torchvision','pytorch_lightning','cv2') if m in sys.modules];"
         "assert heavy == [], heavy;"
-        "import pytorch_lightning as pl; from nano_patch.patches.lightning_trainer import NANO_ARGS;"
+        "import pytorch_lightning as pl; from nano_patch.train.trainer_arguments import NANO_ARGS;"
         "import inspect; ps=inspect.signature(pl.Trainer.__init__).parameters;"
         "assert all(a in ps for a in NANO_ARGS), list(ps);"
         "print('ok')"

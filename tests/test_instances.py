@@ -22,7 +22,6 @@ from torch.utils.data import DataLoader, Dataset
 
 import nano_patch
 from nano_patch import report
-from nano_patch.patches import lightning_trainer
 from nano_patch.train import auto_trainer, instance_count, job_measure, topology
 
 pl = pytest.importorskip("pytorch_lightning")
@@ -201,7 +200,7 @@ def test_the_decision_goes_to_the_report(tmp_path, monkeypatch):
 ])
 def test_trainer_arguments_that_leave_auto_one_process_say_why(monkeypatch, kwargs, reason):
     cls = type("Strategy", (), {})
-    assert reason in auto_trainer.skip_reason(kwargs, True, "popen", cls, lightning_trainer._REPLACEABLE_STRATEGIES)
+    assert reason in auto_trainer.skip_reason(kwargs, True, "popen", cls)
 
 
 def test_a_trainer_on_a_gpu_is_not_measured(monkeypatch, caplog):
@@ -228,24 +227,23 @@ def test_skip_reasons_reach_the_decision(monkeypatch, caplog):
         return d
 
     # a GPU (what the Trainer patch finds at fit) and a strategy (what it finds in the arguments)
-    assert "a GPU" in decide(instance_count.Job(TinyModule(), skip="the Trainer trains on its CUDAAccelerator "
+    assert "a GPU" in decide(instance_count.TrainingJob(TinyModule(), skip="the Trainer trains on its CUDAAccelerator "
                                                                    "(a GPU), and auto counts CPU processes")).reason
     # a model that cannot be copied
     unpicklable = TinyModule()
     unpicklable.lock = threading.Lock()
-    d = decide(instance_count.Job(unpicklable, _loader()))
+    d = decide(instance_count.TrainingJob(unpicklable, _loader()))
     assert d.processes == 1 and "the model cannot be copied" in d.reason, d.reason
     # too few cores to share out
     _fake_cores(monkeypatch, 3)
-    assert "3 physical cores: each process needs at least 2" in decide(instance_count.Job(TinyModule(),
+    assert "3 physical cores: each process needs at least 2" in decide(instance_count.TrainingJob(TinyModule(),
                                                                                           _loader())).reason
     # a short run: 2 epochs of 4 steps cannot repay seconds of start-up
     _fake_cores(monkeypatch, 4)
-    d = decide(instance_count.Job(TinyModule(), _loader(), max_epochs=2))
+    d = decide(instance_count.TrainingJob(TinyModule(), _loader(), max_epochs=2))
     assert d.processes == 1 and "too short to repay starting ranks" in d.reason, d.reason
     assert all(c.processes == 1 for c in cases)
-    assert "forked from this process" in auto_trainer.skip_reason({}, True, "fork", type("S", (), {}),
-                                                                  lightning_trainer._REPLACEABLE_STRATEGIES)
+    assert "forked from this process" in auto_trainer.skip_reason({}, True, "fork", type("S", (), {}))
 
 
 def test_a_forward_that_draws_from_a_global_generator_is_refused_before_it_draws(monkeypatch):
@@ -263,7 +261,7 @@ def test_a_forward_that_draws_from_a_global_generator_is_refused_before_it_draws
         model, loader = Noisy(draw), _loader()
         seed_all(3)
         before = rng_state()
-        d = instance_count.decide(instance_count.Job(model, loader, max_epochs=100))
+        d = instance_count.decide(instance_count.TrainingJob(model, loader, max_epochs=100))
         assert d.processes == 1 and what in d.reason and "even in eval mode" in d.reason, d.reason
         assert rng_differences(rng_state(), before) == []
 
@@ -299,7 +297,7 @@ def test_the_measurement_gives_sane_figures_on_a_tiny_model():
 def test_decide_measures_a_real_job_end_to_end(monkeypatch):
     _fake_cores(monkeypatch, 4)  # candidates 1 x 4 and 2 x 2 (on however many cores there are)
     monkeypatch.setattr(instance_count, "startup_seconds", lambda: 0.1)  # not this test process's age
-    d = instance_count.decide(instance_count.Job(TinyModule(width=64), _loader(), max_epochs=1000))
+    d = instance_count.decide(instance_count.TrainingJob(TinyModule(width=64), _loader(), max_epochs=1000))
     f = d.figures
     assert f is not None and f.batch_size == 16 and f.steps_total == 4000, d.line()
     assert set(f.step_s) == {1, 2} and all(0 < s < 1 for s in f.step_s.values()), d.line()
@@ -338,7 +336,7 @@ def test_the_measurement_leaves_the_module_optimizer_and_every_generator_untouch
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        d = instance_count.decide(instance_count.Job(model, _loader(), max_epochs=1000))
+        d = instance_count.decide(instance_count.TrainingJob(model, _loader(), max_epochs=1000))
     finally:
         stop.set()
         watcher.join()

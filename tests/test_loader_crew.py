@@ -84,7 +84,7 @@ def test_a_new_count_or_a_dropped_pool_ends_the_old_helpers():
     old = {t for t in threading.enumerate() if t.name.startswith("nano-patch-loader-") and t.is_alive()}
     assert len(old) == 2
     render_pool.run_on_threads(lambda: None, 2)  # one helper now: the two before end
-    render_pool.drop()  # (the pool and the helpers; loader_pool.configure drops them too)
+    render_pool.drop()  # (the pool and the helpers; loader_threads.configure drops them too)
     deadline = time.monotonic() + 5
     while any(t.is_alive() for t in old) and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Subset
 
 import nano_patch
 from nano_patch import sysinfo
-from nano_patch.data import loader_pool, render_pool
+from nano_patch.data import loader_threads, render_pool
 from nano_patch.vision.plans import compose_plan, oprunner
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
@@ -250,13 +250,13 @@ def test_usable_cores_are_the_affinity_capped_by_the_cgroup_quota(monkeypatch):
 
 
 def test_the_pool_is_sized_to_the_usable_cores(monkeypatch, tmp_path):
-    monkeypatch.setattr(loader_pool.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6, 7})
+    monkeypatch.setattr(loader_threads.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6, 7})
     _quota(monkeypatch, None)
     assert sysinfo.usable_cores() == 8
     _quota(monkeypatch, 2.5)  # a container given 2.5 CPUs
     assert sysinfo.usable_cores() == 3
     nano_patch.patch_torch()
-    assert loader_pool._auto_threads().ladder == [1, 2, 3]  # auto tries counts up to the usable cores
+    assert loader_threads._auto_threads().ladder == [1, 2, 3]  # auto tries counts up to the usable cores
 
 
 def _timm_epochs(folder, make, epochs=2):

@@ -447,12 +447,12 @@ def test_batches_kept_or_sent_to_another_process_are_never_written_again(folder,
     (the tensor, a view, a NumPy array) or pickles to another process keeps its values."""
     import multiprocessing
 
-    from nano_patch.vision.plans import oprunner
+    from nano_patch.vision.plans import batch_memory
 
     def sums(kept: list[Any]) -> list[float]:
         return [float(t.double().sum()) for t in kept]
 
-    monkeypatch.setattr(oprunner, "_shared_batches", oprunner.SharedBatchMemory())  # (none kept yet)
+    monkeypatch.setattr(batch_memory, "_shared_batches", batch_memory.SharedBatchMemory())  # (none kept yet)
     nano_patch.patch_torch()
     ctx = multiprocessing.get_context("fork")
     queue, answers = ctx.Queue(), ctx.Queue()

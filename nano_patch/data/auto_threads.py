@@ -1,7 +1,7 @@
 """``--loader-threads auto``: the count of loader threads, from the throughput the process measures.
 
 :class:`AutoThreads` is the controller alone (fed the batches' times, it says the count for the next batch);
-``loader_pool`` owns the setting and asks it. Shared state is read and written under its lock, so that it stays
+``loader_threads`` owns the setting and asks it. Shared state is read and written under its lock, so that it stays
 correct on a free-threaded Python.
 """
 

@@ -9,7 +9,7 @@ samples of a batch:
   every step exactly as stock's one-by-one loop makes it (torch's, Python's and NumPy's generators), and the
   pixel operations written down. No user code runs here; the generators' state before each sample is kept (or
   found again by drawing the run once more from its start, where no ``target_transform`` needs it).
-- **render** (``data/loader_pool.py``'s threads, in the calling thread's torch state: ``data/torch_state.py``): per
+- **render** (``data/loader_threads.py``'s threads, in the calling thread's torch state: ``data/torch_state.py``): per
   sample, the decode (whole, or only a crop's window) or the cache's view, and the written-down operations, in
   order (``plan.render``). Draws nothing; the decoders and kernels release the GIL.
 - **take** (the calling thread, sample by sample): the dataset's ``target_transform``, called with the

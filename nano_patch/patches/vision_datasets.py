@@ -1,4 +1,5 @@
-"""Patch torchvision.datasets in place: JPEGs decode through libjpeg-turbo (simplejpeg).
+"""Patch torchvision.datasets in place: JPEGs decode through libjpeg-turbo (simplejpeg). Wiring only: the
+adapters are ``data/dataset_adapters.py``'s, the loading ``data/sample_loading.py``'s.
 
 - ``DatasetFolder.__getitem__`` (and so ``ImageFolder`` and subclasses), when the dataset uses the
   stock PIL loader: the file is decoded straight to an array and handed to a patched ``Compose`` as
@@ -10,17 +11,14 @@
   and decodes through the same path. Caltech101 keeps each photo's own mode (grayscale stays "L").
 
 Every one of these paths reads and fills the decoded-image cache when it is on
-(``vision/images/cache.py``): later epochs skip decoding.
+(``vision/images/cache/``): later epochs skip decoding.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from types import ModuleType
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from .. import report
 from ..config import Options
 from ..registry import Patch
 
@@ -40,7 +38,7 @@ class VisionDatasetsPatch(Patch):
     def _apply(self, module: ModuleType, options: Options) -> None:
         from torchvision.datasets import folder
 
-        from ..data import fetch
+        from ..data import dataset_adapters, fetch
         from ..data import sample_loading as loading
 
         known = (folder.pil_loader, folder.default_loader)
@@ -48,13 +46,11 @@ class VisionDatasetsPatch(Patch):
         # still pickle by reference under the spawn start method.
         self.record.redirect(folder.pil_loader, loading.load_pil)
         self.record.redirect(folder.default_loader, loading.default_loader)
-        self.record.wrap(folder.DatasetFolder, "__getitem__", _loader_adapter(folder, known, _folder_sample))
         # Batches reach the loader's threads through the DataLoader patch's fetch (``data/fetch.py``), only where
         # stock's fetcher would call this very ``__getitem__``: no ``__getitems__`` that a wrapper could forward.
-        self._routed = [folder.DatasetFolder]
-        fetch.register(folder.DatasetFolder, _batch_adapter(folder.DatasetFolder, _loader_batch(known), _folder_sample))
-        for cls, (adapter, getitems) in builtin_adapters(module, known).items():
-            self.record.wrap(cls, "__getitem__", adapter)
+        self._routed = []
+        for cls, (getitem, getitems) in dataset_adapters.adapters(module, known).items():
+            self.record.wrap(cls, "__getitem__", getitem)
             fetch.register(cls, getitems)  # None: a patched class that loads one by one
             self._routed.append(cls)
 
@@ -65,192 +61,3 @@ class VisionDatasetsPatch(Patch):
             fetch.unregister(cls)
         self._routed = []
 
-
-def _folder_sample(dataset: Any, index: int) -> tuple[Any, Any]:
-    return dataset.samples[index]
-
-
-def _loader_batch(known: tuple[Callable[..., Any], ...]) -> Callable[[Any], str | None]:
-    """Why a dataset that calls ``self.loader(path)`` cannot load a batch in parallel (None: it can)."""
-    import torchvision
-
-    def why(dataset: Any) -> str | None:
-        if getattr(dataset, "loader", None) not in known:
-            return "the dataset's own loader"
-        if torchvision.get_image_backend() != "PIL":
-            return "torchvision's image backend is not PIL"
-        return None
-
-    return why
-
-
-def _batch_adapter(cls: type, why_not: Callable[[Any], str | None],
-                   sample_of: Callable[[Any, int], tuple[Any, Any]],
-                   transforms_of: Callable[[Any], tuple[Any, Any]] | None = None) -> Callable[..., Any]:
-    """The batch loader of ``cls`` (``data/fetch.py``): the patched fetch hands it a batch's indices where stock's
-    loop would call ``cls.__getitem__`` for each. The batch loads on the loader's threads where it can
-    (``data/batch_loader.py``); None, having run nothing, where stock's loop must load it."""
-    from ..data import batch_loader, loader_pool
-    from ..data.uint8_batches import inherits_getitem
-
-    def transforms(dataset: Any) -> tuple[Any, Any]:
-        return dataset.transform, dataset.target_transform
-
-    transforms_of = transforms_of or transforms
-
-    def getitems(self: Any, indices: list[int]) -> list[Any] | None:
-        return loader_pool.load_batch(load, self, indices)
-
-    def load(self: Any, indices: list[int], n_threads: int) -> list[Any]:
-        why = None
-        if n_threads <= 1 and not (loader_pool.in_worker_process() and loader_pool.batch_path_on()):
-            return None  # one loader thread: stock's loop (a worker process takes its batches whole)
-        why = f"{type(self).__name__} overrides __getitem__" if not inherits_getitem(type(self), cls) else why_not(self)
-        if why is None:
-            try:
-                entries = [sample_of(self, i) for i in indices]
-                transform, target_transform = transforms_of(self)
-            except Exception:  # noqa: BLE001 - a bad index: stock's loop raises stock's error at stock's point
-                return None
-            out = batch_loader.load_samples(self, entries, transform, target_transform, n_threads,
-                                     lambda k: self[indices[k]])
-            if out is not None:
-                return out
-            why = batch_loader.why_not_split(transform) or batch_loader.why_one_by_one(self)
-        if why is not None and report.stats is not None:
-            report.stats.count("dataloader", False, f"batch loaded one by one: {why}")
-        return None
-
-    return getitems
-
-
-def _loader_adapter(
-    folder: ModuleType, known: tuple[Callable[..., Any], ...], sample_of: Callable[[Any, int], tuple[Any, Any]]
-) -> Callable[..., Any]:
-    """``__getitem__`` for datasets that call ``self.loader(path)``, then transform and target_transform."""
-    import torchvision
-
-    from ..data import sample_loading as loading
-
-    def getitem(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        loader = getattr(instance, "loader", None)
-        if len(args) != 1 or kwargs or loader not in known or torchvision.get_image_backend() != "PIL":
-            return wrapped(*args, **kwargs)
-        path, target = sample_of(instance, args[0])
-        stats = report.stats
-        start = time.perf_counter() if stats is not None else 0.0
-        sample = loading.load_transformed(path, instance.transform, instance)
-        if stats is not None:
-            stats.add_seconds("load", time.perf_counter() - start)
-        if instance.target_transform is not None:
-            target = instance.target_transform(target)
-        return sample, target
-
-    return getitem
-
-
-def _pet_adapter() -> Callable[..., Any]:
-    """OxfordIIITPet opens with ``Image.open(...).convert("RGB")`` (its files include PNGs named .jpg)."""
-    from torchvision.datasets.vision import StandardTransform
-
-    from ..data import sample_loading as loading
-
-    def getitem(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        transforms = getattr(instance, "transforms", None)
-        if len(args) != 1 or kwargs or not (transforms is None or isinstance(transforms, StandardTransform)):
-            return wrapped(*args, **kwargs)
-        from PIL import Image
-
-        idx = args[0]
-        target: Any = []
-        for target_type in instance._target_types:
-            if target_type == "category":
-                target.append(instance._labels[idx])
-            elif target_type == "binary-category":
-                target.append(instance._bin_labels[idx])
-            else:
-                target.append(Image.open(instance._segs[idx]))
-        target = None if not target else target[0] if len(target) == 1 else tuple(target)
-        transform = transforms.transform if transforms is not None else None
-        image = loading.load_transformed(instance._images[idx], transform, instance)
-        if transforms is not None and transforms.target_transform is not None:
-            target = transforms.target_transform(target)
-        return image, target
-
-    return getitem
-
-
-def _caltech_adapter() -> Callable[..., Any]:
-    """Caltech101 opens with a bare ``Image.open`` (no RGB conversion): its grayscale photos stay "L"."""
-    import os
-
-    from ..data import sample_loading as loading
-
-    def getitem(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if len(args) != 1 or kwargs or list(instance.target_type) != ["category"]:
-            return wrapped(*args, **kwargs)  # annotations need scipy: rare, left stock
-        idx = args[0]
-        path = os.path.join(instance.root, "101_ObjectCategories", instance.categories[instance.y[idx]],
-                            f"image_{instance.index[idx]:04d}.jpg")
-        image = loading.load_native_transformed(path, instance.transform, instance)
-        if image is None:
-            return wrapped(*args, **kwargs)  # not a plain JPEG: PIL, exactly as stock
-        target = instance.y[idx]
-        if instance.target_transform is not None:
-            target = instance.target_transform(target)
-        return image, target
-
-    return getitem
-
-
-def builtin_adapters(module: ModuleType, known: tuple[Callable[..., Any], ...]) -> dict[type, Callable[..., Any]]:
-    from torchvision.datasets import folder
-
-    from ..data import sample_loading as loading
-
-    def files(inst: Any, i: int) -> tuple[Any, Any]:
-        return inst._image_files[i], inst._labels[i]
-
-    def samples(inst: Any, i: int) -> tuple[Any, Any]:
-        return inst._samples[i]
-
-    getters = {"Flowers102": files, "Food101": files, "DTD": files, "StanfordCars": samples}
-    adapters: dict[type, tuple[Callable[..., Any], Callable[..., Any] | None]] = {}
-    for name in loading.RGB_DATASETS:  # (the uint8 batches' list too: data/uint8_batches.py)
-        cls = getattr(module, name, None)
-        if not (isinstance(cls, type) and "__getitem__" in vars(cls)):
-            continue
-        if name == "OxfordIIITPet":
-            adapters[cls] = (_pet_adapter(), _batch_adapter(cls, _pet_batch, _pet_sample, _pet_transforms))
-        else:
-            adapters[cls] = (_loader_adapter(folder, known, getters[name]),
-                             _batch_adapter(cls, _loader_batch(known), getters[name]))
-    caltech = getattr(module, "Caltech101", None)
-    if isinstance(caltech, type) and "__getitem__" in vars(caltech):
-        adapters[caltech] = (_caltech_adapter(), None)  # grey photos stay "L": one by one
-    return adapters
-
-
-def _pet_batch(dataset: Any) -> str | None:
-    from torchvision.datasets.vision import StandardTransform
-
-    transforms = getattr(dataset, "transforms", None)
-    if not (transforms is None or isinstance(transforms, StandardTransform)):
-        return "a joint transforms callable"
-    if any(t not in ("category", "binary-category") for t in dataset._target_types):
-        return "segmentation targets"
-    return None
-
-
-def _pet_sample(dataset: Any, idx: int) -> tuple[Any, Any]:
-    target: Any = [dataset._labels[idx] if t == "category" else dataset._bin_labels[idx]
-                   for t in dataset._target_types]
-    target = None if not target else target[0] if len(target) == 1 else tuple(target)
-    return dataset._images[idx], target
-
-
-def _pet_transforms(dataset: Any) -> tuple[Any, Any]:
-    transforms = dataset.transforms
-    if transforms is None:
-        return None, None
-    return transforms.transform, transforms.target_transform
