@@ -4,7 +4,7 @@ before its pixels are rendered on the loader's threads.
 Two parts, timed apart, per image, over an ImageFolder of real-photo JPEGs (``examples/make_photo_folder.py``),
 with the decoded-image cache off and warm (filled by a first pass):
 
-- ``source``: the sample's size and the cache's lookup (``data/batch_loader.py``'s ``_source``): with the cache
+- ``source``: the sample's size and the cache's lookup (``data/sample_source.py``'s ``source_of``): with the cache
   off, the header index's answer for a file seen before (a ``stat``), else the JPEG header and PIL's open checks;
   the key and the entry with it warm;
 - ``draw``: ``_source`` and the plan's draws on a Recording (``_draw``), pipelines pets, (b) and (c): with torch's
@@ -44,7 +44,7 @@ nano_patch.patch_torch(loader_threads=2, cache_decoded="on" if cfg["cache"] == "
 import torch
 import torchvision.transforms as T
 from torchvision.datasets import ImageFolder
-from nano_patch.data import batch_loader
+from nano_patch.data import batch_loader, sample_source
 from nano_patch.vision.images import cache
 from nano_patch.vision.plans import compose_plan
 from nano_patch.vision.kernels import native
@@ -61,10 +61,10 @@ for _ in torch.utils.data.DataLoader(ds, batch_size=16):  # fills the cache wher
 store = cache.store_for(ds)
 crop_window = compose_plan.plan_for(tf).crop_first and native.available("crop_decode")
 extra = ()
-if "index" in inspect.signature(batch_loader._source).parameters:  # the in-memory index of the dataset's files
+if "index" in inspect.signature(sample_source.source_of).parameters:  # the in-memory index of the dataset's files
     from nano_patch.vision.images import file_index
     extra = (file_index.for_dataset(ds) if store is not None else None,)
-    if "headers" in inspect.signature(batch_loader._source).parameters:  # and, uncached, of their JPEG headers
+    if "headers" in inspect.signature(sample_source.source_of).parameters:  # and, uncached, of their JPEG headers
         extra += (file_index.headers_for(ds),)
 out = {}
 gc.disable()  # as timeit: a collection of the whole heap (torch's objects) would land on one pass or another
@@ -79,14 +79,14 @@ for part in parts:
         t = time.perf_counter()
         if part == "source":
             for p in paths:
-                batch_loader._source(p, store, crop_window, *extra)
+                sample_source.source_of(p, store, crop_window, *extra)
         elif part == "draw_program":  # its source, then its native run (records included, which the others
             draws = batch_loader._native_draws()  # leave to oprunner.prepare); a sample given back: the plan
             for k, p in enumerate(paths):
                 if k % 64 == 0:
                     shared = {}
                     program = draw_program.bind(tf, draws, shared)
-                job = batch_loader._source(p, store, crop_window, *extra)
+                job = sample_source.source_of(p, store, crop_window, *extra)
                 hw = job.array.shape[:2] if job.array is not None else job.size
                 if program is None or program.draw(hw) is None:
                     batch_loader._draw_sample(job, tf, draws, shared)
@@ -98,7 +98,7 @@ for part in parts:
             for k, p in enumerate(paths):
                 if k % 64 == 0:  # a run's recordings share their tensor tail op and plan (batches of 64)
                     kw = {"shared": {}} if "shared" in inspect.signature(batch_loader._draw_sample).parameters else {}
-                batch_loader._draw_sample(batch_loader._source(p, store, crop_window, *extra), tf, draws, **kw)
+                batch_loader._draw_sample(sample_source.source_of(p, store, crop_window, *extra), tf, draws, **kw)
             if draws is not None:
                 draws.to_torch()
         passes.append((time.perf_counter() - t) / len(paths))

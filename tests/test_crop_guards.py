@@ -26,7 +26,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 import nano_patch
-from nano_patch.data import batch_loader
+from nano_patch.data import batch_loader, drawn_batches
 from nano_patch.vision.kernels import native, torch_draws
 from nano_patch.vision.plans import compose_call, compose_plan, draw_program
 
@@ -367,17 +367,17 @@ def test_a_quiet_load_gives_the_batch_back_and_warns_nothing(image_folder, limit
 
     nano_patch.patch_torch(loader_threads=2)
     ds = ImageFolder(str(image_folder), transform=_resize_up())
-    assert batch_loader.why_not_drawn_apart(ds) is None
+    assert drawn_batches.why_not_drawn_apart(ds) is None
     state = torch.Generator().manual_seed(3).get_state()
     entries = ds.samples[:4]
     kernel = native.kernel("torch_draws")
     limit(200_000)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        got = batch_loader.load_drawn(ds, ds, entries, torch_draws.TorchDraws.from_state(kernel, state), 2)
+        got = drawn_batches.load_drawn(ds, ds, entries, torch_draws.TorchDraws.from_state(kernel, state), 2)
     assert got is None and caught == [] and counted["given back"] == 1
     limit(2_000_000)  # the same draws under a limit no box reaches: the batch loads
-    got = batch_loader.load_drawn(ds, ds, entries, torch_draws.TorchDraws.from_state(kernel, state), 2)
+    got = drawn_batches.load_drawn(ds, ds, entries, torch_draws.TorchDraws.from_state(kernel, state), 2)
     assert got is not None and len(got) == 4
 
 

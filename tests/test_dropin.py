@@ -25,7 +25,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 import nano_patch
-from nano_patch.data import batch_loader, render_pool
+from nano_patch.data import batch_render, render_pool
 from nano_patch.vision.plans import compose_plan
 
 
@@ -134,7 +134,7 @@ def test_a_render_that_fails_loads_that_sample_as_stock_in_its_place(image_folde
     stock = run()
     nano_patch.patch_torch(loader_threads=2)
     victim = sorted(str(p) for p in image_folder.rglob("*.jpg"))[position]
-    real, failed = batch_loader._render_job, []
+    real, failed = batch_render.render_job, []
 
     def render(job):
         if str(job.path) == victim:
@@ -142,7 +142,7 @@ def test_a_render_that_fails_loads_that_sample_as_stock_in_its_place(image_folde
             raise compose_plan.RenderFailed("simulated")
         return real(job)
 
-    monkeypatch.setattr(batch_loader, "_render_job", render)
+    monkeypatch.setattr(batch_render, "render_job", render)
     patched = run()
     assert failed == [victim]
     assert len(patched[0]) == len(stock[0])
@@ -223,14 +223,14 @@ def _state_now():
 def render_states(monkeypatch):
     """(thread, torch state) of every render; each render waits a little, so that the pool's threads take some."""
     seen = []
-    real = batch_loader._render_job
+    real = batch_render.render_job
 
     def observed(job):
         seen.append((threading.get_ident(), _state_now()))
         time.sleep(0.02)
         return real(job)
 
-    monkeypatch.setattr(batch_loader, "_render_job", observed)
+    monkeypatch.setattr(batch_render, "render_job", observed)
     return seen
 
 

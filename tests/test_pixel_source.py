@@ -209,7 +209,7 @@ def test_without_the_cache_a_seen_jpeg_is_not_read_in_the_draw(tmp_path, photos,
     nano_patch.patch_torch(loader_threads=2, cache_decoded="off")
     ds = ImageFolder(str(root), transform=_headers_tf())
     in_draw, reads, native_reads = [False], [], []
-    real_read, real_source, real_run_file = decode.read_bytes, batch_loader._source, oprunner.run_file
+    real_read, real_source, real_run_file = decode.read_bytes, batch_loader.source_of, oprunner.run_file
 
     def read_bytes(path):
         reads.append(in_draw[0])
@@ -240,7 +240,7 @@ def test_without_the_cache_a_seen_jpeg_is_not_read_in_the_draw(tmp_path, photos,
             in_draw[0] = False
 
     monkeypatch.setattr(decode, "read_bytes", read_bytes)
-    monkeypatch.setattr(batch_loader, "_source", source)
+    monkeypatch.setattr(batch_loader, "source_of", source)
     monkeypatch.setattr(oprunner, "run_file", run_file)
     monkeypatch.setattr(oprunner, "native_batch", native_batch)
     assert _same(_epoch(ds, 0), stock[0])

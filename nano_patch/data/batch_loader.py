@@ -9,7 +9,7 @@ samples of a batch:
   every step exactly as stock's one-by-one loop makes it (torch's, Python's and NumPy's generators), and the
   pixel operations written down. No user code runs here; the generators' state before each sample is kept (or
   found again by drawing the run once more from its start, where no ``target_transform`` needs it).
-- **render** (``data/loader_threads.py``'s threads, in the calling thread's torch state: ``data/torch_state.py``): per
+- **render** (``data/loader_threads.py``'s threads, in the calling thread's torch state: ``data/thread_modes.py``): per
   sample, the decode (whole, or only a crop's window) or the cache's view, and the written-down operations, in
   order (``plan.render``). Draws nothing; the decoders and kernels release the GIL.
 - **take** (the calling thread, sample by sample): the dataset's ``target_transform``, called with the
@@ -27,7 +27,6 @@ tensor tail) is not split: its dataset keeps the one-by-one path, and the run re
 from __future__ import annotations
 
 import contextlib
-import random
 import threading
 import time
 import weakref
@@ -35,54 +34,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from .. import config, forks, report
-from ..vision.images import cache, decode, file_index, source
-from ..vision.images.cache import fill
-from ..vision.images.image import FastImage, plain
+from ..vision.images import decode
 from ..vision.kernels import native, torch_draws
 from ..vision.plans import compose_call, compose_plan, draw_program, oprunner
 from ..vision.plans.tensor_tail import ErasedImage
-from . import collate, render_pool, torch_state
-
-#: A sample's pixels, as the draw found them: one of these kinds, with what the render needs.
-ARRAY, JPEG_WINDOW, DECODE = "array", "jpeg window", "decode"
+from . import batch_render, collate, generator_states, render_pool, thread_modes
+from .sample_source import GuardRaised, Job, Tables, one_reusing, source_of
 
 
-@dataclass(slots=True)
-class Job:
-    """One sample of a batch, between its draw and its render."""
-
-    kind: str
-    path: Any
-    recording: compose_plan.Recording | None
-    array: np.ndarray | None = None
-    data: bytes | None = None
-    size: tuple[int, int] | None = None
-    #: the decoded-image cache's key material, where a miss should be stored
-    material: bytes | None = None
-    #: stock's ``Image.open(path).info``, where the sample can be an image (None where no image leaves the plan)
-    info: dict[Any, Any] | None = None
-    #: the recording as one native call (``oprunner``), or None: ``plan.render`` in Python
-    native: oprunner.NativeRun | None = None
-    #: the array is the decoded-image cache's (a hit)
-    hit: bool = False
-    #: seconds the decoded-image cache's look-up took in the draw (None: no cache)
-    lookup_s: float = 0.0
-
-
-@dataclass(slots=True)
-class Rendered:
-    sample: Any
-    decoded: np.ndarray | None  # a full decode to store, or None
-    reproducible: bool
-    decode_s: float
-    render_s: float
-
-
-def why_not_split(transform: Any) -> str | None:
-    """Why samples of ``transform`` cannot be drawn apart from their pixels (None: they can)."""
+def why_not_split(transform: Any, plan: compose_plan.Plan | None = None) -> str | None:
+    """Why samples of ``transform`` cannot be drawn apart from their pixels (None: they can). ``plan``: its plan,
+    where the caller has it."""
     if transform is None:
         return None
     from torchvision.transforms import Compose
@@ -91,37 +54,7 @@ def why_not_split(transform: Any) -> str | None:
         return f"the transform is a {type(transform).__name__}, not a torchvision Compose"
     if config.current().scaled_decode:
         return "scaled_decode fuses the first Resize into the decode"
-    return compose_plan.plan_for(transform).unsplittable
-
-
-def _states(beyond_torch: bool = True) -> tuple[Any, Any, Any]:
-    """The generators' states: torch's, and Python's and NumPy's unless ``beyond_torch`` is False (they are then
-    None: a plan that draws from torch alone leaves them where they are)."""
-    import torch
-
-    if not beyond_torch:
-        return torch.get_rng_state(), None, None
-    return torch.get_rng_state(), random.getstate(), np.random.get_state()
-
-
-def _restore(states: tuple[Any, Any, Any]) -> None:
-    import torch
-
-    torch.set_rng_state(states[0])
-    if states[1] is not None:
-        random.setstate(states[1])
-    if states[2] is not None:
-        np.random.set_state(states[2])
-
-
-def _same(a: tuple[Any, Any, Any], b: tuple[Any, Any, Any]) -> bool:
-    import torch
-
-    if not torch.equal(a[0], b[0]) or a[1] != b[1]:
-        return False
-    if a[2] is None or b[2] is None:
-        return a[2] is b[2]
-    return a[2][0] == b[2][0] and np.array_equal(a[2][1], b[2][1]) and tuple(a[2][2:]) == tuple(b[2][2:])
+    return (plan or compose_plan.plan_for(transform)).unsplittable
 
 
 def _draws_beyond_torch(the_plan: compose_plan.Plan | None) -> bool:
@@ -175,49 +108,34 @@ def load_samples(dataset: Any, entries: list[tuple[Any, Any]], transform: Any, t
     loaded one by one at its place, from stock's generator state, and the batch path resumes after it: nothing
     is drawn, opened, warned or called twice.
     """
-    if why_not_split(transform) is not None or why_one_by_one(dataset) is not None:
+    plan = compose_plan.plan_for(transform) if transform is not None else None  # (once per batch)
+    if why_not_split(transform, plan) is not None or why_one_by_one(dataset) is not None:
         return None
     out: list[Any] = []
     k = 0
     while k < len(entries):
-        if why_not_split(transform) is not None or why_one_by_one(dataset) is not None:
+        if (plan is not None and plan.unsplittable is not None) or why_one_by_one(dataset) is not None:
             out.extend(one(j) for j in range(k, len(entries)))  # marked part-way: the rest as stock, in order
             break
-        k = _load_run(dataset, entries, k, transform, target_transform, n_threads, one, out)
+        k = _load_run(dataset, entries, k, transform, target_transform, plan, n_threads, one, out)
     return out
 
 
 @dataclass
-class _Run:
+class _Run(Tables):
     """What the stages of one run of samples share: the dataset's tables and plan, fixed for the run."""
 
     dataset: Any
     transform: Any
     target_transform: Any
-    store: cache.Store | None
-    index: file_index.FileIndex | None
-    headers: file_index.HeaderIndex | None
-    with_info: bool
-    plan: compose_plan.Plan | None
-    crop_window: bool
     #: the run's draws may move Python's or NumPy's generator too (timm's steps, a target_transform)
     beyond: bool
 
     @classmethod
-    def of(cls, dataset: Any, transform: Any, target_transform: Any) -> _Run:
-        from . import sample_loading as loading
-
-        store = cache.store_for(dataset)
-        with_info = loading.needs_info(transform)
-        the_plan = compose_plan.plan_for(transform) if transform is not None else None
-        return cls(dataset, transform, target_transform, store,
-                   file_index.for_dataset(dataset) if store is not None else None,
-                   # sizes from the header index where the images are not cached (a sample that is an image needs
-                   # its file's info, read in the draw: those take the full path)
-                   file_index.headers_for(dataset) if not with_info else None,
-                   with_info, the_plan,
-                   the_plan is not None and the_plan.crop_first and native.available("crop_decode"),
-                   _draws_beyond_torch(the_plan) or target_transform is not None)
+    def of_run(cls, dataset: Any, transform: Any, target_transform: Any, plan: compose_plan.Plan | None) -> _Run:
+        tables = Tables.of(dataset, transform, plan)
+        return cls(**vars(tables), dataset=dataset, transform=transform, target_transform=target_transform,
+                   beyond=_draws_beyond_torch(plan) or target_transform is not None)
 
 
 @dataclass
@@ -239,9 +157,9 @@ class _Drawn:
     def rewind(self, j: int, transform: Any) -> None:
         """The generators where they were before the ``j``-th job's draws."""
         if self.before is not None:
-            _restore(self.before[j])
+            generator_states.put_back(self.before[j])
             return
-        _restore(self.run_start)  # type: ignore[arg-type]
+        generator_states.put_back(self.run_start)  # type: ignore[arg-type]
         for done_job in self.jobs[:j]:
             _draw_again(done_job, transform)
 
@@ -254,11 +172,11 @@ _COPY_ATTEMPTS = 2
 
 
 def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: Any, target_transform: Any,
-              n_threads: int, one: Callable[[int], Any], out: list[Any]) -> int:
+              plan: compose_plan.Plan | None, n_threads: int, one: Callable[[int], Any], out: list[Any]) -> int:
     """Load samples from ``k0`` into ``out``: draw as many as can be drawn ahead, render them, then take them in
     order; return the index to go on from."""
     stats = report.stats
-    run = _Run.of(dataset, transform, target_transform)
+    run = _Run.of_run(dataset, transform, target_transform, plan)
     start = time.perf_counter()
     with _draw_lock:
         for attempt in range(_COPY_ATTEMPTS + 1):
@@ -275,7 +193,7 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
     done = time.perf_counter()
     if outcomes is None:  # the common batch: every sample in its slot, nothing to call or store between them
         if stats is not None:
-            _count_taken(stats, jobs)
+            batch_render.count_taken(stats, jobs)
         slots = tuple([job.native.slot_tensor for job in jobs])  # type: ignore[union-attr]
         out.extend(zip(slots, [entry[1] for entry in entries[k0:k0 + len(jobs)]]))
         committed = len(jobs)
@@ -287,10 +205,11 @@ def _load_run(dataset: Any, entries: list[tuple[Any, Any]], k0: int, transform: 
     if stop is not None:
         if stop.error is not None:
             raise stop.error  # PIL's guard: stock's error, where stock raises it
-        out.append(_one_reusing(one, stop.k, stop.job) if stop.job is not None else one(stop.k))
+        out.append(one_reusing(one, stop.k, stop.job) if stop.job is not None else one(stop.k))
     resume = stop.k + 1 if stop is not None else k0 + len(jobs)
     if run.store is not None:  # (the batch taken at once has no miss)
-        _store_misses(run.store, jobs[:committed], outcomes[:committed] if outcomes else None, each, n_threads)
+        batch_render.store_misses(run.store, jobs[:committed], outcomes[:committed] if outcomes else None, each,
+                                  n_threads)
     if stats is not None and committed:
         rendered_s = [r.render_s for ok, r in outcomes[:committed] if ok] if outcomes else [each] * committed
         stats.count("dataloader", True, f"batch loaded on {n_threads} threads (draws in stock's order)")
@@ -310,7 +229,7 @@ def _draw(run: _Run, entries: list[tuple[Any, Any]], k0: int, copy: bool) -> _Dr
     # state is a new 5 KB tensor, ~15-40 us); else the run's start, from which the draws are made again (they run no
     # user code and give no warning) in the rare case that a sample needs stock's code.
     before: list[tuple[Any, Any, Any]] | None = [] if run.target_transform is not None else None
-    drawn = _Drawn(k0, jobs, None, before, _states(run.beyond) if before is None else None)
+    drawn = _Drawn(k0, jobs, None, before, generator_states.take(run.beyond) if before is None else None)
     # torch's draws made natively from a copy of its generator, written back once the run's draws are made; only
     # where no user code runs between two samples' draws (no target_transform) and every step's draws are known
     draws = _native_draws() if copy and before is None and run.plan is not None and run.plan.draws_natively \
@@ -323,12 +242,12 @@ def _draw(run: _Run, entries: list[tuple[Any, Any]], k0: int, copy: bool) -> _Dr
     try:
         for k in range(k0, len(entries)):
             path = entries[k][0]
-            states = _states(run.beyond) if before is not None else None
+            states = generator_states.take(run.beyond) if before is not None else None
             try:
-                job = _source(path, run.store, run.crop_window, run.index, run.headers)
+                job = source_of(path, run.store, run.crop_window, run.index, run.headers)
                 if run.with_info:
                     job.info = decode.image_info(path, job.data)
-            except _GuardRaised as raised:
+            except GuardRaised as raised:
                 drawn.stop = _Stop(k, error=raised.error)
                 break
             except Exception:  # noqa: BLE001 - a file stock's own code handles its way (missing, damaged): one by one
@@ -347,7 +266,7 @@ def _draw(run: _Run, entries: list[tuple[Any, Any]], k0: int, copy: bool) -> _Dr
                 return None  # (nothing written back: the caller draws the run again)
             except Exception as exc:  # noqa: BLE001 - stock's own code loads this sample, from its state before it
                 if states is not None:
-                    _restore(states)
+                    generator_states.put_back(states)
                 else:
                     draws = None  # the rewind draws again with torch's own generator, which then stands right
                     drawn.rewind(len(jobs), transform)
@@ -372,7 +291,7 @@ def _draw(run: _Run, entries: list[tuple[Any, Any]], k0: int, copy: bool) -> _Dr
         return None  # (another thread drew from torch's generator meanwhile: these draws are not stock's)
     if program is not None:
         drawn.counts = program.report_counts()
-    drawn.after = _states(run.beyond) if before is not None and jobs else None
+    drawn.after = generator_states.take(run.beyond) if before is not None and jobs else None
     return drawn
 
 
@@ -382,17 +301,17 @@ def _render(run: _Run, drawn: _Drawn, n_threads: int) -> tuple[list[tuple[bool, 
     to call between them (no target_transform, no erasers' draws): it is then taken at once."""
     jobs = drawn.jobs
     parallel = n_threads > 1 and len(jobs) > 1
-    batch = _native_batch(jobs)
+    batch = batch_render.native_batch(jobs)
     if batch is None:
-        return render_pool.map_outcomes(_render_job, jobs, n_threads,
-                                        torch_state.capture() if parallel else None), 0.0
+        return render_pool.map_outcomes(batch_render.render_job, jobs, n_threads,
+                                        thread_modes.capture() if parallel else None), 0.0
     # the native calls run no torch op (no thread enters the caller's torch state); where that state cannot be
     # held by another thread, the calling thread takes them all, as map_outcomes would
-    calls = min(n_threads, len(jobs)) if parallel and not torch_state.caller_only() else 1
-    each = _run_batch(batch, calls, len(jobs))
-    if drawn.before is None and b"\0" not in batch.done() and not _erasing(jobs):
+    calls = min(n_threads, len(jobs)) if parallel and not thread_modes.caller_only() else 1
+    each = batch_render.run_batch(batch, calls, len(jobs))
+    if drawn.before is None and b"\0" not in batch.done() and not batch_render.erasing(jobs):
         return None, each
-    return _batch_outcomes(batch, jobs, each), each
+    return batch_render.batch_outcomes(batch, jobs, each), each
 
 
 def _take(run: _Run, drawn: _Drawn, outcomes: list[tuple[bool, Any]], entries: list[tuple[Any, Any]],
@@ -407,7 +326,7 @@ def _take(run: _Run, drawn: _Drawn, outcomes: list[tuple[bool, Any]], entries: l
     for j, (job, (ok, rendered)) in enumerate(zip(jobs, outcomes)):
         k = drawn.k0 + j
         if stale:
-            out.append(_one_reusing(one, k, job))
+            out.append(one_reusing(one, k, job))
             continue
         if not ok:
             # stock's own code for this sample, from stock's state before it; those drawn after it follow it
@@ -416,15 +335,15 @@ def _take(run: _Run, drawn: _Drawn, outcomes: list[tuple[bool, Any]], entries: l
             if not isinstance(rendered, failures):
                 report.count("dataloader", False, "sample loaded one by one: it failed to load or render")
             stale = True
-            out.append(_one_reusing(one, k, job))
+            out.append(one_reusing(one, k, job))
             continue
         target = entries[k][1]
         if target_transform is not None:
             # the user's callable sees the generators where stock has them after this sample's draws
             expected = before[j + 1] if before is not None and j + 1 < len(jobs) else after
-            _restore(expected)  # type: ignore[arg-type]
+            generator_states.put_back(expected)  # type: ignore[arg-type]
             target = target_transform(target)
-            if not _same(_states(), expected):  # type: ignore[arg-type]
+            if not generator_states.same(generator_states.take(), expected):  # type: ignore[arg-type]
                 # it drew from a global generator: the samples after this one were drawn from a state that is not
                 # stock's; they load one by one, and so does every later batch of this dataset
                 _mark_one_by_one(run.dataset, "its target_transform draws from the global random generators")
@@ -435,61 +354,6 @@ def _take(run: _Run, drawn: _Drawn, outcomes: list[tuple[bool, Any]], entries: l
         out.append((sample, target))
         committed = j + 1
     return committed
-
-
-def _store_misses(store: cache.Store, jobs: list[Job], outcomes: list[tuple[bool, Any]] | None, each: float,
-                  n_threads: int) -> None:
-    """Store the decodes of ``jobs``' misses, and tell the store's fill budget (``--fast``) what each sample cost:
-    its render (``outcomes``' times, or ``each`` for a batch taken at once), a fill's write added. The write is
-    made here, in the calling thread, while the renders share ``n_threads`` threads: it counts ``n_threads`` times
-    (the threads' time it holds the batch up)."""
-    budget = store.fill_budget
-    for k, job in enumerate(jobs):
-        if outcomes is None:
-            seconds = each
-        else:
-            ok, r = outcomes[k]
-            if not ok:
-                continue
-            seconds = r.render_s
-            if job.material is not None and r.decoded is not None:
-                start = time.perf_counter()
-                source.record_miss(store, job.material, r.decoded, r.decode_s, r.reproducible)
-                seconds += (time.perf_counter() - start) * n_threads
-        if budget is not None:  # (the look-up was made in the calling thread, as the write)
-            budget.seen(fill.HIT if job.hit else fill.FILLED if job.material is not None else fill.UNCACHED, seconds,
-                        job.lookup_s * n_threads)
-
-
-def _one_reusing(one: Callable[[int], Any], k: int, job: Job) -> Any:
-    """``one(k)``, its file's open stage not run again (it ran when ``job`` was made: PIL's warnings were given)."""
-    if job.data is None and job.kind != ARRAY:
-        job.data = decode.read_bytes(job.path)  # the header index answered its draw: its bytes, read now
-    with decode.reusing_open(job.path, job.data, job.array if job.kind == ARRAY else None, job.info):
-        return one(k)
-
-
-class _OneByOne(Exception):
-    """A sample stock's own code must load, found before its open stage ran."""
-
-
-class _GuardRaised(Exception):
-    """PIL's guard raised in the draw: stock's error at stock's point (the earlier samples' draws are stock's)."""
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-def _guard(check: Callable[..., Any], *args: Any) -> Any:
-    try:
-        return check(*args)
-    except Exception as exc:
-        raise _GuardRaised(exc) from exc
-
-
-def _guarded_size_rule(height: int, width: int) -> None:
-    _guard(decode.check_size, height, width)
 
 
 def _native_draws() -> torch_draws.TorchDraws | None:
@@ -513,279 +377,6 @@ def _draw_again(job: Job, transform: Any) -> None:
     if transform is not None:
         hw = job.array.shape[:2] if job.array is not None else job.size
         compose_call.run_compose(transform, compose_plan.Recording(hw))
-
-
-def _quiet_size_rule(height: int, width: int) -> None:
-    """A size PIL's rule would act on (warn or raise): not for a virtual worker, which must never warn here."""
-    raise _OneByOne("an image above PIL's size limit")
-
-
-def _source(path: Any, store: cache.Store | None, crop_window: bool, index: file_index.FileIndex | None = None,
-            headers: file_index.HeaderIndex | None = None, quiet: bool = False) -> Job:
-    """Where the sample's pixels come from (``source.look_up``: a cache hit, a miss to decode and store, or no
-    cache), and, for a JPEG to decode, its size from the header, after PIL's open checks. ``headers``: where the
-    image is not cached, the dataset's index of plain JPEGs' sizes (the file is then read on the render's thread).
-    ``quiet``: anything that would give a warning or need PIL here (a size PIL's rule acts on, a JPEG with EXIF or
-    MPF data, another kind of file, a truncated one) raises :class:`_OneByOne` instead, having warned nothing.
-    """
-    material = None  # a miss to store, or None
-    if store is not None:
-        start = time.perf_counter()
-        found = source.look_up(store, path, index=index, size_rule=_quiet_size_rule if quiet else _guarded_size_rule,
-                               budget=store.fill_budget)
-        if found.kind == source.HIT:  # stock's size rule applied, as its open of the file
-            return Job(ARRAY, path, None, array=found.array, hit=True, lookup_s=time.perf_counter() - start)
-        material = found.material
-        lookup_s = time.perf_counter() - start
-    else:
-        lookup_s = 0.0
-    if material is None and headers is not None:
-        indexed = headers.size_of(path)
-        if indexed is not None:  # a plain, whole JPEG, unchanged: its open checks come down to the size rule
-            if not decode.below_size_limit(*indexed):
-                if quiet:
-                    raise _OneByOne("an image above PIL's size limit")
-                _guard(decode.check_size, *indexed)
-            return Job(JPEG_WINDOW if crop_window else DECODE, path, None, size=indexed, lookup_s=lookup_s)
-    identity = file_index.identity_of(path) if material is None and headers is not None else None
-    data = decode.read_bytes(path)
-    size = decode.jpeg_size(data)
-    if quiet and (size is None or decode.looks_truncated(data) or not decode.plain_open(data)
-                  or not decode.below_size_limit(*size)):
-        raise _OneByOne("a file PIL must open or decode")
-    # PIL's guards on the header, in this thread, in stock's order (before this sample's draws)
-    if size is not None and decode.looks_truncated(data):
-        # stock raises for it (or, with LOAD_TRUNCATED_IMAGES, decodes PIL's fill) before its draws: stock's own
-        # code loads it, before its open stage has run here
-        raise _OneByOne("a truncated JPEG")
-    if size is not None and not _guard(decode.check_open, data, *size, path):
-        size = None  # PIL's open rejects the bytes: PIL decodes the file below and raises stock's error
-    if identity is not None and size is not None and decode.plain_open(data):
-        headers.add(path, identity, size)  # (stat'ed before it was read: a later change is seen)
-    if size is None:
-        # not a JPEG libjpeg-turbo takes like PIL: PIL decodes it now, in this thread, as one by one
-        start = time.perf_counter()
-        a, reproducible = decode.decode_rgb_reproducibly(path, data=data)
-        if material is not None:
-            source.record_miss(store, material, a, time.perf_counter() - start, reproducible)
-        return Job(ARRAY, path, None, array=a, data=data, lookup_s=lookup_s)
-    if material is None and crop_window:
-        return Job(JPEG_WINDOW, path, None, data=data, size=size, lookup_s=lookup_s)
-    return Job(DECODE, path, None, data=data, size=size, material=material, lookup_s=lookup_s)
-
-
-def _read_indexed(job: Job, data: bytes | None = None) -> None:
-    """The bytes of a JPEG the header index answered for (on the render's thread; ``data``: already read): still
-    the whole, plain JPEG of the size the draw used, or :class:`compose_plan.RenderFailed` (the sample then loads
-    one by one, from stock's state before it)."""
-    if data is None:
-        data = decode.read_bytes(job.path)
-    if decode.jpeg_size(data) != tuple(job.size) or decode.looks_truncated(data):
-        raise compose_plan.RenderFailed("the file changed after its size was read")
-    job.data = data
-
-
-def _native_batch(jobs: list[Job]) -> oprunner.NativeBatch | None:
-    """The batch's renders as one native call per loader thread (``oprunner.NativeBatch``), where every sample
-    renders natively into the batch tensor from an array (the cache's, or one decoded in the draw) or from a JPEG
-    the header index answered for; else None."""
-    if not jobs or any(j.native is None or j.native.flat is None for j in jobs):
-        return None
-    sources: list[Any] = []
-    for job in jobs:
-        if job.kind == ARRAY:
-            sources.append(job.array)
-        elif job.data is None:
-            sources.append((job.path, job.size))
-        else:
-            return None  # (bytes read in the draw: the first epoch, or a miss to store)
-    try:
-        return oprunner.native_batch([j.native for j in jobs], sources)
-    except Exception:  # noqa: BLE001 - a record the batch call refuses: each sample renders on its own, and fails
-        return None  # there on its own (its error at its sample, as before)
-
-
-def _erasing(jobs: list[Job]) -> bool:
-    """Some sample goes out with RandomErasing's draws for the device (``tensor_tail.ErasedImage``)."""
-    return any(job.recording is not None and job.recording.erasures is not None for job in jobs)
-
-
-def _run_batch(batch: oprunner.NativeBatch, calls: int, n: int) -> float:
-    """``batch``'s native calls on ``calls`` threads; the render's seconds per sample (wall time shared out)."""
-    start = time.perf_counter()
-    # never the user's error: a sample a failed call did not render takes the Python path (_batch_outcomes)
-    with contextlib.suppress(Exception):
-        if not batch.run_on(calls):  # (native helpers: no helper takes the GIL; else the loader's threads)
-            render_pool.run_on_threads(batch.run, calls)
-    return (time.perf_counter() - start) * calls / n
-
-
-def _count_taken(stats: Any, jobs: list[Job]) -> None:
-    """The run report's counts for a batch taken at once, as :func:`_batch_outcomes` counts its samples."""
-    decoded: dict[tuple[str, bool, str], int] = {}
-    for job in jobs:
-        if job.kind != ARRAY:
-            key = ("vision_datasets", True, oprunner.DECODED[job.kind == JPEG_WINDOW])
-            decoded[key] = decoded.get(key, 0) + 1
-    if decoded:
-        stats.count_many(decoded)
-
-
-def _batch_outcomes(batch: oprunner.NativeBatch, jobs: list[Job], each: float) -> list[tuple[bool, Any]]:
-    """Each job's outcome once ``batch``'s calls returned: its slot, or the Python path's render of what they left."""
-    stats = report.stats
-    done = batch.done()
-    outcomes: list[tuple[bool, Any]] = []
-    for k, job in enumerate(jobs):
-        if done[k] and stats is None:  # (the common case first: written to its slot)
-            outcomes.append((True, Rendered(job.native.slot_tensor, None, False, 0.0, each)))  # type: ignore
-            continue
-        try:
-            got = batch.result(k)
-            if got is not None and not isinstance(got, bytes):
-                if stats is not None and job.kind != ARRAY:
-                    stats.count("vision_datasets", True, oprunner.DECODED[job.kind == JPEG_WINDOW])
-                outcomes.append((True, Rendered(got, None, False, 0.0, each)))
-                continue
-            outcomes.append((True, _render_job(job, got, native_file=False)))
-        except Exception as exc:  # noqa: BLE001 - the caller's to judge, in order (as map_outcomes gives it)
-            outcomes.append((False, exc))
-    return outcomes
-
-
-def _render_job(job: Job, read: bytes | None = None, native_file: bool = True) -> Rendered:
-    """The sample's pixels, by its native run or the Python path. ``read``: the bytes of a header-indexed file,
-    already read (by a native call that left it); ``native_file``: such a file may be read, decoded and rendered
-    in one native call first."""
-    start = time.perf_counter()
-    decoded, reproducible, decode_s = None, False, 0.0
-    if job.data is None and job.kind != ARRAY:
-        # the header index answered the draw: where the sample runs natively, its file read, checks, decode, ops
-        # and tail are one native call (the GIL released once); what that call leaves takes the Python path
-        got = read
-        if got is None and native_file and job.native is not None:
-            got = oprunner.run_file(job.native, job.path, job.size)
-        if got is not None and not isinstance(got, bytes):
-            return Rendered(got, None, False, 0.0, time.perf_counter() - start)
-        _read_indexed(job, got)
-    if job.kind == JPEG_WINDOW and job.native is not None:
-        sample = oprunner.run_jpeg(job.native, job.data, job.size, job.path)
-        return Rendered(sample, None, False, 0.0, time.perf_counter() - start)
-    if job.kind == JPEG_WINDOW:
-        px: compose_plan.Pixels = compose_plan.JpegPixels(job.data, job.size, job.path)
-        if job.info:
-            px.info = job.info
-    else:
-        a = job.array
-        if a is None:
-            a, reproducible = decode.decode_rgb_reproducibly(job.path, data=job.data, checked=True)
-            decode_s = time.perf_counter() - start
-            if a.shape[:2] != tuple(job.size):
-                raise compose_plan.RenderFailed("the decode's size is not the header's")
-            decoded = a if job.material is not None else None
-        if job.native is not None:  # (a sample the draw program made has a native run and no recording)
-            sample = oprunner.run(job.native, a)
-            return Rendered(sample, decoded, reproducible, decode_s, time.perf_counter() - start)
-        if job.recording is None:
-            return Rendered(plain(FastImage.wrap(a, job.info)), decoded, reproducible, decode_s,
-                            time.perf_counter() - start)
-        px = compose_plan.Pixels.of(FastImage.wrap(a, job.info))
-    sample = plain(compose_plan.render(job.recording, px))
-    return Rendered(sample, decoded, reproducible, decode_s, time.perf_counter() - start)
-
-
-
-def why_not_drawn_apart(dataset: Any) -> str | None:
-    """Why the batches of ``dataset`` (an ``ImageFolder``'s kin) cannot be drawn from a private generator, with no
-    code of the user's run and nothing but the draw program's draws (None: they can, :func:`load_drawn`)."""
-    from torchvision.datasets import folder
-
-    if dataset.target_transform is not None:
-        return "a target_transform (code of the user's, run in the worker)"
-    if getattr(dataset, "loader", None) not in (folder.default_loader, folder.pil_loader):
-        return "the dataset's own loader"
-    import torchvision
-
-    if torchvision.get_image_backend() != "PIL":
-        return "torchvision's image backend is not PIL"
-    transform = dataset.transform
-    if transform is None:
-        return "no transform (the samples are PIL images)"
-    why = why_not_split(transform)
-    if why is not None:
-        return why
-    why = compose_plan.plan_for(transform).not_drawn_natively()
-    if why is not None:
-        return why
-    if not native.available("torch_draws") or not torch_draws.defaults_are_stock():
-        return "torch's draws are not made natively here (nano-patch status: torch_draws)"
-    from . import sample_loading as loading
-
-    if loading.needs_info(transform):
-        return "an image may leave the pipeline"
-    import torch
-
-    for uint8 in (None, transform):
-        probe = torch_draws.TorchDraws.from_state(native.kernel("torch_draws"), torch.Generator().get_state())
-        with compose_call.uint8_here(uint8) if uint8 is not None else contextlib.nullcontext():
-            if draw_program.bind(transform, probe, {}) is None:
-                return "a step the draw program does not make" + (" before the device's tail" if uint8 else "")
-    return None
-
-
-def load_drawn(dataset: Any, owner: Any, entries: list[tuple[Any, Any]], draws: torch_draws.TorchDraws,
-               n_threads: int, uint8: Any = None) -> list[tuple[Any, Any]] | None:
-    """``[(transform(image), target) ...]`` for ``entries`` of ``dataset`` (whose every draw the draw program makes:
-    :func:`why_not_drawn_apart`), drawn from ``draws`` alone (a virtual worker's generator copy; no generator of
-    torch's, Python's or NumPy's is read or moved) and rendered on ``n_threads`` threads; or None where some sample
-    needs stock's own code (nothing was warned, stored or called; ``draws`` has moved and must be put back).
-    ``owner``: the dataset whose tables (header index, cache choice) serve ``dataset``, a snapshot of it.
-    ``uint8``: the Compose to stop before its tail (the device finishes the batch)."""
-    with compose_call.uint8_here(uint8) if uint8 is not None else contextlib.nullcontext():
-        return _load_drawn(dataset, owner, entries, draws, n_threads)
-
-
-def _load_drawn(dataset: Any, owner: Any, entries: list[tuple[Any, Any]], draws: torch_draws.TorchDraws,
-                n_threads: int) -> list[tuple[Any, Any]] | None:
-    transform = dataset.transform
-    store = cache.store_for(owner)
-    index = file_index.for_dataset(owner) if store is not None else None
-    headers = file_index.headers_for(owner)
-    the_plan = compose_plan.plan_for(transform)
-    crop_window = the_plan.crop_first and native.available("crop_decode")
-    program = draw_program.bind(transform, draws, {})
-    if program is None:
-        return None
-    jobs: list[Job] = []
-    for path, _ in entries:
-        try:
-            job = _source(path, store, crop_window, index, headers, quiet=True)
-        except Exception:  # noqa: BLE001 - stock's code decides what this file gives (a stand-in runs it)
-            return None
-        run = program.draw(job.array.shape[:2] if job.array is not None else job.size)  # type: ignore[arg-type]
-        if run is None:
-            return None
-        job.native = run
-        jobs.append(job)
-    if not jobs:
-        return None
-    for job, run in zip(jobs, oprunner.prepare_batch([j.native for j in jobs])):
-        job.native = run
-    targets = [entry[1] for entry in entries]
-    batch = _native_batch(jobs)
-    if batch is not None:
-        _run_batch(batch, min(n_threads, len(jobs)), len(jobs))
-        if b"\0" in batch.done():
-            return None
-        slots = tuple([job.native.slot_tensor for job in jobs])  # type: ignore[union-attr]
-        collate.hand_over(jobs[0].native.batch, slots)  # type: ignore[union-attr]
-        return list(zip(slots, targets))
-    outcomes = render_pool.map_outcomes(_render_job, jobs, n_threads, torch_state.capture())
-    if not all(ok for ok, _ in outcomes):
-        return None
-    if store is not None:
-        _store_misses(store, jobs, outcomes, 0.0, n_threads)
-    return [(r.sample, target) for (_, r), target in zip(outcomes, targets)]
 
 
 forks.fresh_in_child(globals(), _one_by_one_lock=threading.Lock, _draw_lock=threading.Lock)

@@ -20,6 +20,7 @@ user left it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import warnings
 from collections.abc import Callable
@@ -70,8 +71,10 @@ def at_init(loader: Any, options: Options, stock_collate: Callable[..., Any]) ->
     loader._nano_uint8, loader._nano_uint8_why = spec, why
 
 
-def iterate(stock_iter: Callable[[], Any], loader: Any, options: Options, defer_tail: DeferTail) -> Any:
-    """Stock's ``__iter__`` (``stock_iter``) carried out by this iteration's plan."""
+def iterate(stock: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], loader: Any, options: Options,
+            defer_tail: DeferTail) -> Any:
+    """Stock's ``__iter__`` (``stock(*args, **kwargs)``) carried out by this iteration's plan."""
+    stock_iter = functools.partial(stock, *args, **kwargs)
     spec = getattr(loader, "_nano_uint8", None)
     tail = getattr(loader, "_nano_tail", None)
     defer, _ = defer_tail(loader, tail, loader.num_workers > 0)

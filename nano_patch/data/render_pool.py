@@ -30,11 +30,11 @@ def map_outcomes(fn: Callable[[T], R], items: Iterable[T], n_threads: int,
     item (a future per item cost more than a cache hit's render: 0.64x one thread on warm-cache batches), and
     still balanced when items differ in cost (decodes of different sizes).
 
-    ``state``: the calling thread's torch state (``data/torch_state.py``), entered on every other thread while it
+    ``state``: the calling thread's torch state (``data/thread_modes.py``), entered on every other thread while it
     works on these items; a thread that cannot enter it takes no item (the calling thread takes them), and None
     (a state no other thread can hold) keeps every item in the calling thread.
     """
-    from . import torch_state
+    from . import thread_modes
 
     items = list(items)
     outcomes: list[tuple[bool, Any]] = [(False, None)] * len(items)
@@ -55,9 +55,9 @@ def map_outcomes(fn: Callable[[T], R], items: Iterable[T], n_threads: int,
 
     def helper() -> None:
         try:
-            with torch_state.entered(state):
+            with thread_modes.entered(state):
                 work()
-        except torch_state.NotEntered:
+        except thread_modes.NotEntered:
             return
 
     n_helpers = min(n_threads, len(items)) - 1 if state is not None else 0

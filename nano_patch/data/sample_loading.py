@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import random
 from typing import Any
 
 import numpy as np
@@ -41,15 +40,15 @@ def load_pil(path: str | os.PathLike[str]) -> Any:
     return FastImage.wrap(a, decode.image_info(path))
 
 
-def needs_info(transform: Any) -> bool:
+def needs_info(transform: Any, plan: compose_plan.Plan | None = None) -> bool:
     """Whether the image's ``info`` (stock's ``Image.open``'s) can show in a sample of ``transform``: False only for
     a Compose whose every step is planned and that ends in a tensor tail (no image leaves it, no stock code sees
-    one)."""
+    one). ``plan``: its plan, where the caller has it."""
     from torchvision.transforms import Compose
 
     if transform is None or not compose_call.behaves_as(transform, Compose):
         return True
-    p = compose_plan.plan_for(transform)
+    p = plan or compose_plan.plan_for(transform)
     n = len(p.items)
     covered = {i for j, tail in p.tails.items() for i in range(j, j + len(tail))}
     return not (n and n - 1 in covered and all(i in covered or p.runners[i] is not None for i in range(n)))
@@ -141,16 +140,13 @@ def _run_deferred(compose: Any, px: compose_plan.JpegPixels, wrap_load_errors: b
     If the file turns out not to decode, the random state is put back as it was, and stock's error is
     raised, so that a caller that skips bad files (timm's datasets do) draws as stock would.
     """
-    import torch
+    from . import generator_states
 
-    torch_state = torch.get_rng_state()
-    python_state = random.getstate() if compose_plan.draws_from_python(compose) else None
+    states = generator_states.take(beyond_torch=compose_plan.draws_from_python(compose))
     try:
         return compose_call.run_compose(compose, px)
     except compose_plan.DecodeFailed as failed:
-        torch.set_rng_state(torch_state)
-        if python_state is not None:
-            random.setstate(python_state)
+        generator_states.put_back(states)
         if wrap_load_errors:
             raise LoadFailed(failed.error) from failed.error
         raise failed.error from None

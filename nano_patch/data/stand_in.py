@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import select
 import signal
 import socket
@@ -33,7 +32,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
+from . import generator_states
 
 #: How often (seconds) a waiting process checks that its parent lives (stock's MP_STATUS_CHECK_INTERVAL is 5).
 WATCH_INTERVAL = 1.0
@@ -299,10 +298,7 @@ def _stand_in(conn: Any, parent: int, dataset: Any, worker_id: int, num_workers:
             batch = conn.recv()
         except (EOFError, OSError):
             return 0
-        torch.set_rng_state(batch.torch_state)
-        random.setstate(batch.random_state)
-        if batch.numpy_state is not None:
-            np.random.set_state(batch.numpy_state)
+        generator_states.put_back((batch.torch_state, batch.random_state, batch.numpy_state))
         try:
             if fetcher is None:
                 fetcher = _DatasetKind.create_fetcher(_DatasetKind.Map, dataset, True, collate_fn, drop_last)
@@ -311,8 +307,8 @@ def _stand_in(conn: Any, parent: int, dataset: Any, worker_id: int, num_workers:
         except Exception:  # noqa: BLE001 - stock's worker sends its error, wrapped, to be raised at the batch
             data = ExceptionWrapper(where=f"in DataLoader worker process {worker_id}")
         try:
-            conn.send((data, torch.get_rng_state(), random.getstate(),
-                       np.random.get_state() if batch.numpy_state is not None else None))
+            after = generator_states.take()
+            conn.send((data, after[0], after[1], after[2] if batch.numpy_state is not None else None))
         except (OSError, EOFError):
             return 0
         del data

@@ -59,9 +59,9 @@ def why_not(loader: Any, loader_threads: int | str) -> str | None:
     folder = sys.modules.get("torchvision.datasets.folder")
     if folder is None or not isinstance(root, folder.DatasetFolder):
         return f"a {type(root).__name__} is not an ImageFolder or DatasetFolder"
-    from . import batch_loader
+    from . import drawn_batches
 
-    why = batch_loader.why_not_drawn_apart(root)
+    why = drawn_batches.why_not_drawn_apart(root)
     if why is not None:
         return why
     if not _all_jpegs(root.samples):

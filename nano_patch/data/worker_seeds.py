@@ -72,3 +72,19 @@ def numpy_seeded() -> bool:
     from torch.utils.data._utils import worker
 
     return bool(getattr(worker, "HAS_NUMPY", True))
+
+
+def for_workers(base_seed: int, num_workers: int, worker_init_fn: Any) -> list[Any]:
+    """Each worker's seeds, as stock's workers would take them (and Lightning's ``pl_worker_init_function`` where it
+    is the ``worker_init_fn``); without NumPy seeded where the workers would not seed it."""
+    found = lightning_init(worker_init_fn)
+    if found is None:
+        seeds = [stock_seeds(base_seed, k) for k in range(num_workers)]
+    else:
+        generate, rank = found
+        rank = default_rank(generate) if rank is None else rank
+        seeds = [lightning_seeds(base_seed, k, rank, generate) for k in range(num_workers)]
+    if not numpy_seeded():
+        for s in seeds:
+            s.numpy_seed = None
+    return seeds

@@ -56,7 +56,7 @@ class DataLoaderPatch(Patch):
             return result
 
         def iter_(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            return loader_plan.iterate(lambda: wrapped(*args, **kwargs), instance, options, tail_deferral.decide)
+            return loader_plan.iterate(wrapped, args, kwargs, instance, options, tail_deferral.decide)
 
         self.record.wrap(module.DataLoader, "__init__", init)
         self.record.wrap(module.DataLoader, "__iter__", iter_)

@@ -131,7 +131,7 @@ def _is_stock(t: Any, name: str) -> bool:
 
 
 def _plan_step(t: Any, kind: str) -> bool:
-    """The classes the plan counts as each tensor tail step (``tensor_tail.tail_at``): stock's own, v1's and timm's."""
+    """The classes the plan counts as each tensor tail step (``tensor_tail.tail_kinds``): stock's own, v1's and timm's."""
     if kind == TO_TENSOR:
         return _is_stock(t, "ToTensor") or _is_stock(t, "MaybeToTensor")
     if kind == PIL_TO_TENSOR:
@@ -139,9 +139,9 @@ def _plan_step(t: Any, kind: str) -> bool:
     return _is_stock(t, kind)  # ConvertImageDtype, Normalize (v2's ToDtype is no class of the plan)
 
 
-def tail_at(items: list[Any], i: int) -> Tail | None:
+def planned_tail(items: list[Any], i: int) -> Tail | None:
     """The tensor tail the plan runs from ``items[i]``, or None."""
-    kinds = tensor_tail.tail_at(items, i, _plan_step)
+    kinds = tensor_tail.tail_kinds(items, i, _plan_step)
     return Tail(items[i:i + len(kinds)], kinds) if kinds else None
 
 
@@ -164,7 +164,7 @@ class Plan:
             name = _class_key(type(t))
             self.runners.append(_RUNNERS[name] if name in _RUNNERS and _is_stock(t, name) else None)
             if i not in self.tails and not any(i in range(j, j + len(tail)) for j, tail in self.tails.items()):
-                tail = tail_at(items, i)
+                tail = planned_tail(items, i)
                 if tail is not None:
                     self.tails[i] = tail
 

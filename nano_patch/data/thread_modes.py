@@ -25,7 +25,7 @@ class NotEntered(Exception):
 
 
 @dataclass(frozen=True)
-class TorchState:
+class ThreadModes:
     grad: bool
     inference: bool
     fwd_grad: bool
@@ -56,12 +56,12 @@ def _autocast_devices() -> tuple[str, ...]:
     return _AUTOCAST_DEVICES
 
 
-def _read(full: bool = False) -> TorchState:
+def _read(full: bool = False) -> ThreadModes:
     """The thread's state (``full``: autocast's dtype also where autocast is off, to put a thread's own back)."""
     import torch
 
     C = torch._C
-    return TorchState(
+    return ThreadModes(
         grad=torch.is_grad_enabled(),
         inference=torch.is_inference_mode_enabled(),
         fwd_grad=C._is_fwd_grad_enabled(),
@@ -81,14 +81,14 @@ def caller_only() -> bool:
     return bool(C._len_torch_function_stack() or C._len_torch_dispatch_stack() or not C._is_torch_function_enabled())
 
 
-def capture() -> TorchState | None:
+def capture() -> ThreadModes | None:
     """The calling thread's state, or None where it cannot be entered on another thread (see the module)."""
     if caller_only():
         return None
     return _read()
 
 
-def _set_flags(state: TorchState, now: TorchState) -> None:
+def _set_flags(state: ThreadModes, now: ThreadModes) -> None:
     """Set the flags of ``state`` that differ from ``now`` (the thread's)."""
     import torch
 
@@ -106,7 +106,7 @@ def _set_flags(state: TorchState, now: TorchState) -> None:
 
 
 @contextlib.contextmanager
-def entered(state: TorchState) -> Iterator[None]:
+def entered(state: ThreadModes) -> Iterator[None]:
     """This thread in ``state`` for the block (raises :class:`NotEntered` where it cannot be), then its own."""
     import torch
 

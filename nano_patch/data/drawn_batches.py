@@ -1,0 +1,107 @@
+"""The virtual workers' fast path: a batch drawn from a worker's own generator copy, with no user code and no
+global generator read or moved.
+
+Only for an ``ImageFolder``'s kin whose every draw the draw program makes natively (:func:`why_not_drawn_apart`).
+The run's tables (the cache, the file and header indexes, the plan) are the thread path's (:class:`Tables`); where
+some sample needs stock's own code, nothing was warned, stored or called and the caller's stand-in loads the batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from ..vision.kernels import native, torch_draws
+from ..vision.plans import compose_call, compose_plan, draw_program, oprunner
+from . import batch_render, collate, render_pool, thread_modes
+from .batch_loader import why_not_split
+from .sample_source import Job, Tables, source_of
+
+
+def why_not_drawn_apart(dataset: Any) -> str | None:
+    """Why the batches of ``dataset`` (an ``ImageFolder``'s kin) cannot be drawn from a private generator, with no
+    code of the user's run and nothing but the draw program's draws (None: they can, :func:`load_drawn`)."""
+    from torchvision.datasets import folder
+
+    if dataset.target_transform is not None:
+        return "a target_transform (code of the user's, run in the worker)"
+    if getattr(dataset, "loader", None) not in (folder.default_loader, folder.pil_loader):
+        return "the dataset's own loader"
+    import torchvision
+
+    if torchvision.get_image_backend() != "PIL":
+        return "torchvision's image backend is not PIL"
+    transform = dataset.transform
+    if transform is None:
+        return "no transform (the samples are PIL images)"
+    why = why_not_split(transform)
+    if why is not None:
+        return why
+    why = compose_plan.plan_for(transform).not_drawn_natively()
+    if why is not None:
+        return why
+    if not native.available("torch_draws") or not torch_draws.defaults_are_stock():
+        return "torch's draws are not made natively here (nano-patch status: torch_draws)"
+    from . import sample_loading as loading
+
+    if loading.needs_info(transform):
+        return "an image may leave the pipeline"
+    import torch
+
+    for uint8 in (None, transform):
+        probe = torch_draws.TorchDraws.from_state(native.kernel("torch_draws"), torch.Generator().get_state())
+        with compose_call.uint8_here(uint8) if uint8 is not None else contextlib.nullcontext():
+            if draw_program.bind(transform, probe, {}) is None:
+                return "a step the draw program does not make" + (" before the device's tail" if uint8 else "")
+    return None
+
+
+def load_drawn(dataset: Any, owner: Any, entries: list[tuple[Any, Any]], draws: torch_draws.TorchDraws,
+               n_threads: int, uint8: Any = None) -> list[tuple[Any, Any]] | None:
+    """``[(transform(image), target) ...]`` for ``entries`` of ``dataset`` (whose every draw the draw program makes:
+    :func:`why_not_drawn_apart`), drawn from ``draws`` alone (a virtual worker's generator copy; no generator of
+    torch's, Python's or NumPy's is read or moved) and rendered on ``n_threads`` threads; or None where some sample
+    needs stock's own code (nothing was warned, stored or called; ``draws`` has moved and must be put back).
+    ``owner``: the dataset whose tables (header index, cache choice) serve ``dataset``, a snapshot of it.
+    ``uint8``: the Compose to stop before its tail (the device finishes the batch)."""
+    with compose_call.uint8_here(uint8) if uint8 is not None else contextlib.nullcontext():
+        return _load_drawn(dataset, owner, entries, draws, n_threads)
+
+
+def _load_drawn(dataset: Any, owner: Any, entries: list[tuple[Any, Any]], draws: torch_draws.TorchDraws,
+                n_threads: int) -> list[tuple[Any, Any]] | None:
+    transform = dataset.transform
+    tables = Tables.of(owner, transform)  # (the thread path's: no image leaves these pipelines, so no info is read)
+    program = draw_program.bind(transform, draws, {})
+    if program is None:
+        return None
+    jobs: list[Job] = []
+    for path, _ in entries:
+        try:
+            job = source_of(path, tables.store, tables.crop_window, tables.index, tables.headers, quiet=True)
+        except Exception:  # noqa: BLE001 - stock's code decides what this file gives (a stand-in runs it)
+            return None
+        run = program.draw(job.array.shape[:2] if job.array is not None else job.size)  # type: ignore[arg-type]
+        if run is None:
+            return None
+        job.native = run
+        jobs.append(job)
+    if not jobs:
+        return None
+    for job, run in zip(jobs, oprunner.prepare_batch([j.native for j in jobs])):
+        job.native = run
+    targets = [entry[1] for entry in entries]
+    batch = batch_render.native_batch(jobs)
+    if batch is not None:
+        batch_render.run_batch(batch, min(n_threads, len(jobs)), len(jobs))
+        if b"\0" in batch.done():
+            return None
+        slots = tuple([job.native.slot_tensor for job in jobs])  # type: ignore[union-attr]
+        collate.hand_over(jobs[0].native.batch, slots)  # type: ignore[union-attr]
+        return list(zip(slots, targets))
+    outcomes = render_pool.map_outcomes(batch_render.render_job, jobs, n_threads, thread_modes.capture())
+    if not all(ok for ok, _ in outcomes):
+        return None
+    if tables.store is not None:
+        batch_render.store_misses(tables.store, jobs, outcomes, 0.0, n_threads)
+    return [(r.sample, target) for (_, r), target in zip(outcomes, targets)]
