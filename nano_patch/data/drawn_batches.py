@@ -15,7 +15,7 @@ from ..vision.kernels import native, torch_draws
 from ..vision.plans import compose_call, compose_plan, draw_program, oprunner
 from . import batch_render, collate, render_pool, thread_modes
 from .batch_loader import why_not_split
-from .sample_source import Job, Tables, source_of
+from .sample_source import SampleJob, Tables, source_of
 
 
 def why_not_drawn_apart(dataset: Any) -> str | None:
@@ -72,10 +72,10 @@ def _load_drawn(dataset: Any, owner: Any, entries: list[tuple[Any, Any]], draws:
                 n_threads: int) -> list[tuple[Any, Any]] | None:
     transform = dataset.transform
     tables = Tables.of(owner, transform)  # (the thread path's: no image leaves these pipelines, so no info is read)
-    program = draw_program.bind(transform, draws, {})
+    program = draw_program.bind(transform, draws, {id(transform): (transform, tables.plan)})
     if program is None:
         return None
-    jobs: list[Job] = []
+    jobs: list[SampleJob] = []
     for path, _ in entries:
         try:
             job = source_of(path, tables.store, tables.crop_window, tables.index, tables.headers, quiet=True)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import forks
+from ..vision.images.subsets import under_subsets
 
 #: class whose ``__getitem__`` a dataset patch wrapped -> its batch loader ``(dataset, indices) -> list | None``
 #: (None: the class loads one by one)
@@ -48,11 +49,7 @@ def _getitem_owner(cls: type) -> type | None:
 def patched_dataset(dataset: Any) -> bool:
     """Whether ``dataset`` (or the dataset of the ``Subset`` chain it is) loads through a patched ``__getitem__``.
     Decided from types alone: nothing of a user's class (its ``__getattr__``, its properties) runs."""
-    import torch.utils.data as data
-
-    while type(dataset) is data.Subset:
-        dataset = dataset.dataset
-    return _getitem_owner(type(dataset)) in _routes
+    return _getitem_owner(type(under_subsets(dataset))) in _routes
 
 
 def _load_by_route(dataset: Any, indices: list[Any]) -> list[Any] | None:

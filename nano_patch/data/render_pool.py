@@ -26,9 +26,9 @@ def map_outcomes(fn: Callable[[T], R], items: Iterable[T], n_threads: int,
                  state: Any = None) -> list[tuple[bool, Any]]:
     """``[(True, fn(x)) or (False, the exception fn(x) raised) for x in items]``, on ``n_threads`` threads, the
     calling thread one of them, each item's outcome on its own (the caller decides, item by item, what a failure
-    means). Each thread takes the next item under a lock until none is left: one task per thread, not one per
-    item (a future per item cost more than a cache hit's render: 0.64x one thread on warm-cache batches), and
-    still balanced when items differ in cost (decodes of different sizes).
+    means). Each thread takes the next item under a lock until none is left: one task per thread, not one per item
+    (a future per item costs more than a cache hit's render: docs/benchmarks.md), and still balanced when items
+    differ in cost (decodes of different sizes).
 
     ``state``: the calling thread's torch state (``data/thread_modes.py``), entered on every other thread while it
     works on these items; a thread that cannot enter it takes no item (the calling thread takes them), and None
@@ -71,8 +71,8 @@ def map_outcomes(fn: Callable[[T], R], items: Iterable[T], n_threads: int,
 class _Crew:
     """Helper threads that stay parked between batches, for :func:`run_on_threads`: a batch hands each its call by
     releasing a lock the helper waits on, and takes it back by acquiring one the helper releases. An executor's
-    ``submit`` and ``result`` (a future, a work item, a queue, a condition) cost about 10 us of Python with the
-    GIL held per call; two lock operations cost a fraction of that. Each lock starts held, so that its waiter
+    ``submit`` and ``result`` (a future, a work item, a queue, a condition) are Python with the GIL held on every
+    call; two lock operations cost a fraction of that. Each lock starts held, so that its waiter
     blocks until the other side releases it (a ``threading.Lock`` may be released by any thread)."""
 
     def __init__(self, helpers: int) -> None:

@@ -26,7 +26,7 @@ ARRAY, JPEG_WINDOW, DECODE = "array", "jpeg window", "decode"
 
 
 @dataclass(slots=True)
-class Job:
+class SampleJob:
     """One sample of a batch, between its draw and its render."""
 
     kind: str
@@ -47,7 +47,7 @@ class Job:
     lookup_s: float = 0.0
 
 
-def one_reusing(one: Callable[[int], Any], k: int, job: Job) -> Any:
+def one_reusing(one: Callable[[int], Any], k: int, job: SampleJob) -> Any:
     """``one(k)``, its file's open stage not run again (it ran when ``job`` was made: PIL's warnings were given)."""
     if job.data is None and job.kind != ARRAY:
         job.data = decode.read_bytes(job.path)  # the header index answered its draw: its bytes, read now
@@ -84,7 +84,7 @@ def _quiet_size_rule(height: int, width: int) -> None:
 
 
 def source_of(path: Any, store: cache.Store | None, crop_window: bool, index: file_index.FileIndex | None = None,
-            headers: file_index.HeaderIndex | None = None, quiet: bool = False) -> Job:
+            headers: file_index.HeaderIndex | None = None, quiet: bool = False) -> SampleJob:
     """Where the sample's pixels come from (``source.look_up``: a cache hit, a miss to decode and store, or no
     cache), and, for a JPEG to decode, its size from the header, after PIL's open checks. ``headers``: where the
     image is not cached, the dataset's index of plain JPEGs' sizes (the file is then read on the render's thread).
@@ -97,7 +97,7 @@ def source_of(path: Any, store: cache.Store | None, crop_window: bool, index: fi
         found = source.look_up(store, path, index=index, size_rule=_quiet_size_rule if quiet else _guarded_size_rule,
                                budget=store.fill_budget)
         if found.kind == source.HIT:  # stock's size rule applied, as its open of the file
-            return Job(ARRAY, path, None, array=found.array, hit=True, lookup_s=time.perf_counter() - start)
+            return SampleJob(ARRAY, path, None, array=found.array, hit=True, lookup_s=time.perf_counter() - start)
         material = found.material
         lookup_s = time.perf_counter() - start
     else:
@@ -109,7 +109,7 @@ def source_of(path: Any, store: cache.Store | None, crop_window: bool, index: fi
                 if quiet:
                     raise OneByOne("an image above PIL's size limit")
                 guard(decode.check_size, *indexed)
-            return Job(JPEG_WINDOW if crop_window else DECODE, path, None, size=indexed, lookup_s=lookup_s)
+            return SampleJob(JPEG_WINDOW if crop_window else DECODE, path, None, size=indexed, lookup_s=lookup_s)
     identity = file_index.identity_of(path) if material is None and headers is not None else None
     data = decode.read_bytes(path)
     size = decode.jpeg_size(data)
@@ -134,13 +134,13 @@ def source_of(path: Any, store: cache.Store | None, crop_window: bool, index: fi
         a, reproducible = decode.decode_rgb_reproducibly(path, data=data)
         if material is not None:
             source.record_miss(store, material, a, time.perf_counter() - start, reproducible)
-        return Job(ARRAY, path, None, array=a, data=data, lookup_s=lookup_s)
+        return SampleJob(ARRAY, path, None, array=a, data=data, lookup_s=lookup_s)
     if material is None and crop_window:
-        return Job(JPEG_WINDOW, path, None, data=data, size=size, lookup_s=lookup_s)
-    return Job(DECODE, path, None, data=data, size=size, material=material, lookup_s=lookup_s)
+        return SampleJob(JPEG_WINDOW, path, None, data=data, size=size, lookup_s=lookup_s)
+    return SampleJob(DECODE, path, None, data=data, size=size, material=material, lookup_s=lookup_s)
 
 
-def read_indexed(job: Job, data: bytes | None = None) -> None:
+def read_indexed(job: SampleJob, data: bytes | None = None) -> None:
     """The bytes of a JPEG the header index answered for (on the render's thread; ``data``: already read): still
     the whole, plain JPEG of the size the draw used, or :class:`compose_plan.RenderFailed` (the sample then loads
     one by one, from stock's state before it)."""

@@ -18,15 +18,9 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from ..vision.images.subsets import under_subsets
 from ..vision.plans.tensor_tail import TailSpec, find_tail
 from .finish_tail import DeferredImages, apply_tail, memory_format, register_collate, split_batch
-
-
-def _root_dataset(dataset: Any) -> Any:
-    data = sys.modules.get("torch.utils.data")
-    while data is not None and isinstance(dataset, data.Subset):
-        dataset = dataset.dataset
-    return dataset
 
 
 def _rgb_loading(dataset: Any) -> bool:
@@ -68,7 +62,7 @@ def _uint8_transform(dataset: Any) -> tuple[Any, TailSpec] | str:
 
     if not compose_call.active():
         return "the transforms patch is off"
-    root = _root_dataset(dataset)
+    root = under_subsets(dataset)
     if not _rgb_loading(root):  # first: a dataset of the user's own class is never asked for attributes
         return f"a {type(root).__name__} is not an image dataset the patch loads (ImageFolder and its kin)"
     compose = getattr(root, "transform", None)

@@ -131,7 +131,7 @@ def _is_stock(t: Any, name: str) -> bool:
 
 
 def _plan_step(t: Any, kind: str) -> bool:
-    """The classes the plan counts as each tensor tail step (``tensor_tail.tail_kinds``): stock's own, v1's and timm's."""
+    """The classes the plan counts as each tensor tail step (``tensor_tail.tail_kinds``): stock's, v1's and timm's."""
     if kind == TO_TENSOR:
         return _is_stock(t, "ToTensor") or _is_stock(t, "MaybeToTensor")
     if kind == PIL_TO_TENSOR:

@@ -2,7 +2,7 @@
 
 The draw step of a batch (``batch_loader.py``) runs each sample's Compose on a :class:`recording.Recording`: every
 step's runner makes its draws, then writes its operations down as typed ops, which ``oprunner.prepare`` turns into
-the op runner's records. That generality costs 10-15 us of Python per sample, all of it holding the GIL. Most
+the op runner's records. That generality costs Python per sample, all of it holding the GIL. Most
 pipelines are a few known steps in a row (RandomResizedCrop, flips, ColorJitter, Resize, CenterCrop, RandomCrop,
 then ToTensor [+ Normalize]); for them this module binds the plan once per run of samples (no user code runs
 between a run's draws, so the transforms' parameters cannot change among them) and makes each sample's records
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..kernels.functional import crop_checked
-from ..kernels.native_kernels import FILTERS
+from ..kernels.pil_filters import FILTERS
 from . import compose_call, compose_plan, oprunner, steps, stock
 from . import pixel_ops as P
 from .pixels import UseStock, grey_by_position
@@ -112,7 +112,9 @@ def bind(compose: Any, draws: Any, shared: dict[Any, Any] | None) -> Program | N
     if spec is not None and spec.erasers:
         return None
     try:
-        bound = _bind(compose_plan.plan_for(compose), draws, shared, spec is not None)
+        known = shared.get(id(compose)) if shared is not None else None  # (the run's plan, where the run has it)
+        plan = known[1] if known is not None and known[0] is compose else compose_plan.plan_for(compose)
+        bound = _bind(plan, draws, shared, spec is not None)
     except (UseStock, NotSplittable, TypeError, ValueError, AttributeError):
         return None
     if bound is None or oprunner.why_not_native(bound.codes):

@@ -42,7 +42,6 @@ from .choice import (
     decide,
     estimate_decoded_bytes,
     prepare,
-    root_dataset,
     store_for,
 )
 from .disk import (
@@ -72,5 +71,5 @@ __all__ = [
     "Store", "StoreDamaged", "StoreRefused", "check_directory", "check_store", "clear", "count_hit", "count_miss",
     "dataset_files", "decide", "decoder_identity", "default_dir", "describe", "encode_entry",
     "estimate_decoded_bytes", "human_bytes", "key_material", "known_folders", "open_store", "parse_entry",
-    "prepare", "racy", "refused_store_folder", "root_dataset", "setting", "store_bytes", "store_for",
+    "prepare", "racy", "refused_store_folder", "setting", "store_bytes", "store_for",
 ]

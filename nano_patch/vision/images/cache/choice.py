@@ -9,6 +9,7 @@ import sys
 import weakref
 from typing import Any
 
+from ..subsets import under_subsets
 from .disk import free_space, human_bytes, store_bytes
 from .entries import MIN_CAP
 from .fill import FillBudget
@@ -67,7 +68,7 @@ def decide(dataset: Any, s: Setting | None = None) -> bool:
     Decided once per dataset and process; the main process of the run prints the one line that says
     what was chosen (DataLoader workers and other ranks decide the same, quietly).
     """
-    dataset = root_dataset(dataset)
+    dataset = under_subsets(dataset)
     try:
         return _decisions[dataset]
     except KeyError:
@@ -105,7 +106,7 @@ def prepare(dataset: Any) -> None:
     the store, so that the one line and any warning come from here, before the workers start."""
     if setting().mode == "off":
         return
-    root = root_dataset(dataset)
+    root = under_subsets(dataset)
     if not dataset_files(root):
         return
     store = store_for(root)
@@ -113,12 +114,6 @@ def prepare(dataset: Any) -> None:
         store.env()
 
 
-def root_dataset(dataset: Any) -> Any:
-    """The dataset under any ``Subset`` wrappers (torch is not imported for it)."""
-    data = sys.modules.get("torch.utils.data")
-    while data is not None and isinstance(dataset, data.Subset):
-        dataset = dataset.dataset
-    return dataset
 
 
 def _is_main_process() -> bool:
@@ -140,7 +135,7 @@ def _is_main_process() -> bool:
 
 def dataset_files(dataset: Any) -> list[str]:
     """The image files of ``dataset`` (the datasets the patch decodes for), or [] where it cannot tell."""
-    dataset = root_dataset(dataset)
+    dataset = under_subsets(dataset)
     reader = getattr(dataset, "reader", None)  # timm's ImageDataset keeps its files in its reader
     for owner, attr in ((dataset, "samples"), (dataset, "_samples"), (reader, "samples")):
         items = getattr(owner, attr, None)

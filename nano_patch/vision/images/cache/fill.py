@@ -1,12 +1,13 @@
 """How fast ``--fast``'s cache fills: never at more than a tenth of the loading time the cache off would take.
 
 A miss that the store takes costs more than the same sample without a cache: the whole file is decoded (a crop's
-window would do otherwise) and the decode is written to the store. Storing every miss of the first epoch made that
-epoch 0.5-0.7x the cache off. Under ``--fast`` (``cache_decoded="auto"``) each process keeps a :class:`FillBudget`
-per store instead: a miss is stored only while the loading time so far, fills included, stays within
-``1 + SHARE`` of what the same samples would have cost with the cache off (``SHARE`` is 6%; the bar is 10%). Hits
-cost less than that (no decode), and what they save is spent on more fills, so the cache fills faster each epoch:
-in part during the first, in full some epochs on, and no epoch is more than ``SHARE`` slower than the cache off.
+window would do otherwise) and the decode is written to the store. Storing every miss of the first epoch makes that
+epoch much slower than the cache off (docs/benchmarks.md). Under ``--fast`` (``cache_decoded="auto"``) each process
+keeps a :class:`FillBudget` per store instead: a miss is stored only while the loading time so far, fills included,
+stays within ``1 + SHARE`` of what the same samples would have cost with the cache off (``SHARE`` is 6%; the bar is
+10%). Hits cost less than that (no decode), and what they save is spent on more fills, so the cache fills faster
+each epoch: in part during the first, in full some epochs on, and no epoch is more than ``SHARE`` slower than the
+cache off.
 
 The costs are the samples' own render times (the seconds a loader thread spent on each, the store's write added
 for a fill), kept as running means per kind; what the cache costs every sample (its look-up in the draw) counts
