@@ -118,8 +118,8 @@ def run_child(child: str, cfg: dict, checkout: str | None = None) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run(cfg: dict) -> dict:
-    return run_child(CHILD, cfg)
+def run(cfg: dict, checkout: str | None = None) -> dict:
+    return run_child(CHILD, cfg, checkout)
 
 
 def run_two(cfg: dict, tmp: Path, tag: str) -> dict:
@@ -168,6 +168,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="pets only, batch 64")
     ap.add_argument("--stem", default="loader_threads")
+    ap.add_argument("--before", metavar="CHECKOUT",
+                    help="another nano-patch source tree (its compiled kernels built in place): its 1- and 2-thread "
+                         "rows run too, interleaved, as '... (before)'")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT / "examples"))
     sys.path.insert(0, str(Path(__file__).parent))
@@ -198,6 +201,9 @@ def main() -> None:
                         key = f"{pipeline} | cache {cache} | batch {batch}"
                         add(f"{key} | 1 thread", run({**base, "threads": 1}))
                         add(f"{key} | 2 threads", run({**base, "threads": 2}))
+                        if args.before:
+                            add(f"{key} | 1 thread (before)", run({**base, "threads": 1}, args.before))
+                            add(f"{key} | 2 threads (before)", run({**base, "threads": 2}, args.before))
                         add(f"{key} | 2 processes", run_two({**base, "threads": 1}, tmp, f"{rnd}-{key}"))
                         if pipeline == "pets" and cache == "off":
                             stock = {**base, "side": "stock", "threads": 1, "torch_threads": None}
@@ -250,6 +256,14 @@ def main() -> None:
         print(f"| {key} | {a['speedup_vs_stock_2_workers']:.2f}x | {a['rss_patched_mb']:.0f} / "
               f"{a['rss_stock_2_workers_mb']:.0f} | {a['pss_patched_mb']:.0f} / {a['pss_stock_2_workers_mb']:.0f} | "
               f"{a['first_batch_patched_s']:.2f} / {a['first_batch_stock_2_workers_s']:.2f} |")
+    if args.before:
+        print()
+        print("| row | after, images/s | before, images/s | after / before |")
+        print("|---|---|---|---|")
+        for key in rows:
+            if key.endswith(" (before)"):
+                after, before = rows[key[:-len(" (before)")]]["images_per_s"], rows[key]["images_per_s"]
+                print(f"| {key[:-len(' (before)')]} | {after:.0f} | {before:.0f} | {after / before:.2f} |")
     for batch in batches:
         s0, s2 = (rows[f"pets | stock | batch {batch} | {w} workers"]["images_per_s"] for w in (0, 2))
         print(f"stock pets batch {batch}: {s0:.0f} img/s with 0 workers, {s2:.0f} with 2")

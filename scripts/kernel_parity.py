@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageEnhance
 
-from nano_patch.vision.kernels import native, native_checks, native_kernels
+from nano_patch.vision.kernels import native, native_checks, native_kernels, pil_filters
 
 FAILURES: list[str] = []
 
@@ -74,7 +74,7 @@ def resizes_and_warps(arrays: list[np.ndarray]) -> None:
     for k, a in enumerate(arrays):
         img = Image.fromarray(a)
         h, w = a.shape[:2]
-        for f in native_checks.FILTERS:
+        for f in pil_filters.FILTERS:
             for _ in range(6):
                 left, top = int(rng.integers(0, w // 3)), int(rng.integers(0, h // 3))
                 right, bottom = int(rng.integers(w // 2, w + 1)), int(rng.integers(h // 2, h + 1))
@@ -82,7 +82,7 @@ def resizes_and_warps(arrays: list[np.ndarray]) -> None:
                 want = np.asarray(img.crop((left, top, right, bottom)).resize(size, f))
                 got = native_kernels.resample(a[top:bottom, left:right], (size[1], size[0]), f)
                 expect(np.array_equal(got, want), f"resize photo {k} filter {f} to {size}")
-        for f in native_checks.WARP_FILTERS:
+        for f in pil_filters.WARP_FILTERS:
             for angle in (13.0, -71.5, 190.0):
                 m, (ow, oh) = native_checks.rotate_data(w, h, angle % 360.0, True, None, None)
                 want = np.asarray(img.rotate(angle, f, True))

@@ -14,7 +14,7 @@ from PIL import Image
 
 import nano_patch
 from nano_patch.vision.images.image import FastImage
-from nano_patch.vision.plans import compose_plan
+from nano_patch.vision.plans import compose_plan, policies
 
 IM = T.InterpolationMode
 INTERPOLATIONS = [IM.NEAREST, IM.BILINEAR, IM.BICUBIC]
@@ -86,7 +86,7 @@ def test_every_v1_op_at_every_magnitude_bin(small, policy):
             values = [float(m) for m in magnitudes.tolist()] if magnitudes.ndim > 0 else [0.0]
             for magnitude in _magnitudes(values, signed):
                 cases += [(img, name, magnitude, i, f) for i, f in _variants(img, name, tuple(INTERPOLATIONS))]
-    _compare(cases, autoaugment._apply_op, compose_plan.policy_op)
+    _compare(cases, autoaugment._apply_op, policies.policy_op)
 
 
 @pytest.mark.parametrize("policy", [v2.AutoAugment, v2.RandAugment, v2.TrivialAugmentWide])
@@ -101,7 +101,7 @@ def test_every_v2_op_at_every_magnitude_bin(small, policy):
                 for interpolation, fill in _variants(img, name, V2_INTERPOLATIONS):
                     cases.append((img, policy(interpolation=interpolation, fill=fill), name, magnitude))
     _compare(cases, lambda img, t, name, magnitude: t._apply_image_or_video_transform(
-        img, name, magnitude, t.interpolation, t._fill), lambda px, t, name, magnitude: compose_plan.v2_op(t, px, name,
+        img, name, magnitude, t.interpolation, t._fill), lambda px, t, name, magnitude: policies.v2_op(t, px, name,
                                                                                                    magnitude))
 
 

@@ -19,9 +19,8 @@ from typing import Any
 import numpy as np
 
 from ... import sysinfo
+from .pil_filters import FILTERS, WARP_FILTERS
 
-#: PIL's resampling filter numbers (Image.Resampling) that the resample kernel reproduces.
-FILTERS = {1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
 #: Resize arithmetic (native.h), tried in this order against the installed PIL: (pass order, weights).
 #: Pillow 13 runs the vertical pass first when the height shrinks much more than the width; Pillow up
 #: to 12, and pillow-simd, always run the horizontal pass first. pillow-simd rounds its weights to
@@ -30,9 +29,6 @@ RESAMPLE_VARIANTS = ((1, 0), (0, 0), (0, 1), (1, 1))
 #: Grey formulas (native.h): Pillow's, then pillow-simd's.
 GREY_MODES = (0, 1)
 VARIANT_NAMES = {0: "Pillow's arithmetic", 1: "pillow-simd's arithmetic"}
-
-#: PIL's filter numbers that ``Image.transform`` takes, all reproduced by the warp kernel.
-WARP_FILTERS = {0: "nearest", 2: "bilinear", 3: "bicubic"}
 
 
 @dataclass

@@ -3,7 +3,7 @@
 The functions here are pure: H x W x 3 RGB or H x W L uint8 arrays (any row stride) in, new arrays out. Each
 runs its kernel only once it has passed its check against the installed PIL (``native.kernel``), with the
 arithmetic that check found (``native_checks.found``); else it raises ``native.NativeUnavailable`` and the caller
-(``functional.py``) runs PIL's own code, exact and slower.
+(``geometry.py``, ``colour.py``, ``tensors.py``) runs PIL's own code, exact and slower.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 
 from . import native
 from . import native_checks as checks
-from .native_checks import FILTERS, WARP_FILTERS
+from .pil_filters import FILTERS, WARP_FILTERS
 
 
 class JpegRegionError(ValueError):

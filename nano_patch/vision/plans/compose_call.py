@@ -1,6 +1,6 @@
 """Where images enter a torchvision ``Compose``: which calls the plan takes, and uint8 output.
 
-The patched ``Compose.__call__`` and the dataset patch hand a PIL ``RGB``/``L`` image (usually a
+The patched ``Compose.__call__`` (:func:`call_by_plan`) and the dataset patch hand a PIL ``RGB``/``L`` image (usually a
 ``FastImage`` the decoder made) to :func:`run_compose`, which runs the Compose's plan
 (``compose_plan.py``). Everything else (tensors, arrays, other modes, subclasses that override
 ``__call__``) is stock's.
@@ -9,22 +9,22 @@ The patched ``Compose.__call__`` and the dataset patch hand a PIL ``RGB``/``L`` 
 from __future__ import annotations
 
 import contextlib
-import threading
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 from PIL import Image
 
+from ... import report
 from . import compose_plan, tensor_tail
+from .thread_setting import ThreadSetting
 
 _compose_cls: type | None = None
 #: Compose objects (a DataLoader worker's own copies) that end in a uint8 tensor instead of ToTensor.
 _uint8_out: weakref.WeakSet[Any] = weakref.WeakSet()
 #: v2's Compose, where the v2 patch is on (its pipelines split their tensor tail too)
 _v2_compose_cls: type | None = None
-#: The Compose objects this thread stops before their tail while a batch loads (``num_workers=0``, tail deferred).
-_here = threading.local()
+#: The Compose object this thread stops before its tail while a batch loads (``num_workers=0``, tail deferred).
+_here: ThreadSetting[Any] = ThreadSetting(None)
 
 
 def configure(transforms: Any) -> None:
@@ -64,20 +64,14 @@ def splits_tail(compose: Any) -> bool:
         _v2_compose_cls is not None and behaves_as(compose, _v2_compose_cls))
 
 
-@contextlib.contextmanager
-def uint8_here(compose: Any) -> Iterator[None]:
+def uint8_here(compose: Any) -> contextlib.AbstractContextManager[None]:
     """While this runs, ``compose`` stops before its tail in this thread (the draw step of a batch)."""
-    previous = getattr(_here, "compose", None)
-    _here.compose = compose
-    try:
-        yield
-    finally:
-        _here.compose = previous
+    return _here.set(compose)
 
 
 def uint8_tail(compose: Any) -> tensor_tail.TailSpec | None:
     """The tail ``compose`` stops before here, or None: it runs whole."""
-    if not ((_uint8_out and compose in _uint8_out) or getattr(_here, "compose", None) is compose):
+    if not ((_uint8_out and compose in _uint8_out) or _here.get() is compose):
         return None
     return tensor_tail.find_tail(compose)
 
@@ -114,3 +108,16 @@ def run_compose(compose: Any, img: Any, *, skip: int = 0) -> Any:
             out.erasures = tensor_tail.draw_erasures(compose, spec, shape)
         return out
     return tensor_tail.uint8_sample(compose, spec, out)
+
+
+def call_by_plan(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """v1's ``Compose.__call__`` wrapper: an image the plan takes (:func:`takes`) runs by the plan, anything else
+    stock's call (counted for the run report)."""
+    if len(args) == 1 and not kwargs:
+        img = args[0]
+        if takes(img):
+            return run_compose(instance, img)
+        if report.stats is not None:
+            kind = f"PIL {img.mode!r}" if isinstance(img, Image.Image) else type(img).__name__
+            report.count("vision_transforms", False, f"Compose on {kind} input: stock torchvision code")
+    return wrapped(*args, **kwargs)

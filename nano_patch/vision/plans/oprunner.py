@@ -16,10 +16,8 @@ sample's slot of one preallocated batch tensor, laid out as ``default_collate``'
 
 from __future__ import annotations
 
-import contextlib
 import operator
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +25,7 @@ import numpy as np
 
 from ... import forks, report
 from ..kernels import native, native_checks, native_kernels
+from .batch_memory import batch_memory, batches_in_shared_memory  # noqa: F401 - (the latter) for virtual_streams
 from .batch_slots import mark_slot
 from .pixel_ops import OP_CROP, OP_KERNELS, RenderFailed, TensorTail
 from .recording import Recording
@@ -202,7 +201,7 @@ _FILE_MAX_BYTES = 1 << 30
 
 def run_file(job: NativeRun, path: Any, size: tuple[int, int]) -> Any:
     """``job`` on the JPEG file at ``path`` as one native call, the GIL released once: read, checked as
-    ``batch_loader._read_indexed`` checks it (still a whole, plain JPEG of the draw's ``size``), its first crop's
+    ``sample_source.read_indexed`` checks it (still a whole, plain JPEG of the draw's ``size``), its first crop's
     window decoded alone (or the whole image, where the ops do not start with a crop), then the ops and the tail.
     The sample's tensor; or the file's bytes, where it was read but is left to the Python path (another size,
     truncated, damaged, a JPEG not region-decoded here); or None (not read: the Python path reads it, and meets
@@ -315,7 +314,7 @@ def batch_tensor(jobs: list[NativeRun]) -> Any:
     layout = _batch_layout(len(jobs), shape, strides, dtype)
     if layout is None:
         return None
-    base = _batch_memory(layout[0], layout[1], dtype)
+    base = batch_memory(layout[0], layout[1], dtype)
     # stack's layout is dense: its memory, in order, is one flat array, each slot a block of it (the tails write
     # there: run_batch's dst, _output's view); the first slot's array checks that, for all (they share a layout),
     # once per layout
@@ -335,79 +334,6 @@ def batch_tensor(jobs: list[NativeRun]) -> Any:
     for k, (job, slot) in enumerate(zip(jobs, slots)):
         job.slot_tensor, job.flat, job.offset, job.batch = mark(slot, base, k), flat, k * step, base
     return base
-
-
-_shared_here = threading.local()
-
-
-@contextlib.contextmanager
-def batches_in_shared_memory(on: bool = True) -> Iterator[None]:
-    """While this runs, this thread's batch tensors are made in shared memory, as in a worker process (a virtual
-    worker's batches: stock's reach the main process in shared memory), from :class:`SharedBatchMemory`."""
-    before = getattr(_shared_here, "on", False)
-    _shared_here.on = on
-    try:
-        yield
-    finally:
-        _shared_here.on = before
-
-
-class SharedBatchMemory:
-    """Shared-memory storages for batch tensors, each used again once nothing holds it.
-
-    A new shared-memory segment costs about 12 ms for a 12.6 MB batch (its creation, then a page fault per page
-    written), where a heap allocation reuses pages already mapped: paid per batch, that was a third of a virtual
-    worker's loading on 2 cores. A storage goes back into use only where the pool alone holds it (no tensor, view
-    or array of the user's) and it was never pickled (sent to another process, which maps the same pages), as
-    freed heap memory is used again. At most :attr:`KEPT` storages per size are kept."""
-
-    KEPT = 8
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._kept: dict[int, list[tuple[Any, Any]]] = {}
-
-    def tensor(self, nbytes: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any) -> Any:
-        """An uninitialised tensor of this layout over a storage of ``nbytes`` that nothing else holds. It is made
-        under the lock: until then the storage's only holder is the pool, and another thread would take it too."""
-        import torch
-        from torch.multiprocessing import reductions
-
-        use_count = torch._C._storage_Use_Count
-        with self._lock:
-            kept = self._kept.setdefault(nbytes, [])
-            found = None
-            for k, (storage, key) in enumerate(kept):
-                if use_count(storage._cdata) == 1:
-                    if key in reductions.shared_cache:  # (pickled: another process may map it)
-                        del kept[k]
-                        break
-                    found = storage
-                    break
-            if found is None:
-                found = torch.UntypedStorage._new_shared(nbytes)
-                if len(kept) < self.KEPT:
-                    kept.append((found, reductions.fd_id(found._share_fd_cpu_()[0])))
-            return torch.empty(0, dtype=dtype).set_(found, 0, shape, strides)
-
-
-_shared_batches = SharedBatchMemory()
-
-
-def _batch_memory(shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any) -> Any:
-    """An uninitialised batch tensor of this layout; in a DataLoader worker process, in shared memory, as stock's
-    ``default_collate`` allocates a worker's batch (it crosses to the main process without a copy); for a virtual
-    worker (:func:`batches_in_shared_memory`), in shared memory used again."""
-    import torch
-
-    pooled = getattr(_shared_here, "on", False)
-    if torch.utils.data.get_worker_info() is None and not pooled:
-        return torch.empty_strided(shape, strides, dtype=dtype)
-    numel = 1 + sum((n - 1) * st for n, st in zip(shape, strides)) if all(shape) else 0
-    nbytes = numel * dtype.itemsize
-    if pooled:
-        return _shared_batches.tensor(nbytes, shape, strides, dtype)
-    return torch.empty(0, dtype=dtype).set_(torch.UntypedStorage._new_shared(nbytes), 0, shape, strides)
 
 
 class NativeBatch:
@@ -505,5 +431,4 @@ def prepare_batch(recordings: list[Recording | NativeRun | None]) -> list[Native
     return jobs
 
 
-forks.fresh_in_child(globals(), _ready_lock=threading.Lock, _layouts_lock=threading.Lock,
-                     _shared_batches=SharedBatchMemory)
+forks.fresh_in_child(globals(), _ready_lock=threading.Lock, _layouts_lock=threading.Lock)

@@ -16,7 +16,7 @@ import numpy as np
 
 from ... import forks
 from ..kernels import functional as K
-from ..kernels.native_kernels import FILTERS
+from ..kernels.pil_filters import FILTERS
 from .pixels import Pixels, grey_by_position
 
 

@@ -7,7 +7,7 @@ The *tensor tail* turns a uint8 image into a float tensor, elementwise, per chan
 - ``PILToTensor`` (v1, v2, v2's ``ToImage``; timm's ``MaybePILToTensor``) alone (a uint8 tensor), or followed by
   its scaling, v1's ``ConvertImageDtype`` or v2's ``ToDtype``, [``Normalize``].
 
-:func:`tail_at` reads that grammar at any place of a Compose's list of transforms, given which classes count as
+:func:`tail_kinds` reads that grammar at any place of a Compose's list of transforms, given which classes count as
 each step (:data:`STEPS`). It has two users:
 
 - the plan (``compose_plan.py``) counts exactly stock's v1 and timm classes, and runs a tail it finds anywhere in a
@@ -22,6 +22,9 @@ Where the tail is split off, the sample is the uint8 C x H x W image the tail wo
 ``RandomErasing``'s draws are made right there, in stock's order, from stock's generators, on a stand-in of the
 image's shape (its draws read the shape only): the rectangle and, for ``value="random"``, the normal values
 (:func:`uint8_sample`, :class:`ErasedImage`).
+
+A v2 Compose's end, ``[PILToTensor | ToImage,] ToDtype(float, scale=True)[, Normalize]`` on the patch's image or a
+uint8 tensor, is one table lookup the same way (:class:`V2Tail`, for ``compose_v2.py``).
 """
 
 from __future__ import annotations
@@ -30,10 +33,12 @@ import sys
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
+from ..images.image import FastImage
 from ..kernels import functional as K
 
 #: The steps of a tensor tail, by kind.
@@ -46,7 +51,7 @@ STEPS = (TO_TENSOR, PIL_TO_TENSOR, CONVERT, TO_DTYPE, NORMALIZE)
 StepTest = Callable[[Any, str], bool]
 
 
-def tail_at(items: list[Any], i: int, is_step: StepTest) -> tuple[str, ...]:
+def tail_kinds(items: list[Any], i: int, is_step: StepTest) -> tuple[str, ...]:
     """The kinds of the tensor tail that starts at ``items[i]``, each step's in order, or () where none does."""
     n = len(items)
 
@@ -61,6 +66,25 @@ def tail_at(items: list[Any], i: int, is_step: StepTest) -> tuple[str, ...]:
                 return (PIL_TO_TENSOR, scale, NORMALIZE) if at(2, NORMALIZE) else (PIL_TO_TENSOR, scale)
         return (PIL_TO_TENSOR,)
     return ()
+
+
+def value_probe(channels: int) -> Any:
+    """Every uint8 value once per channel: the C x 1 x 256 uint8 tensor a tail's steps run on to make its table."""
+    import torch
+
+    return torch.arange(256, dtype=torch.uint8).view(1, 1, 256).expand(channels, 1, 256).contiguous()
+
+
+def probe_table(probe: Any) -> np.ndarray:
+    """The C x 256 table the steps made of :func:`value_probe`'s values (``probe``, their output)."""
+    import torch
+
+    return probe.as_subclass(torch.Tensor)[:, 0, :].contiguous().numpy()
+
+
+def normalize_constants(t: Any) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """A ``Normalize``'s mean and std as plain numbers; TypeError or ValueError where they are not numbers."""
+    return tuple(float(m) for m in t.mean), tuple(float(s) for s in t.std)
 
 
 # --- the plan's tail: a tensor tail anywhere in a Compose, as one table lookup ------------------------------------
@@ -90,7 +114,7 @@ class Tail:
                 key.append(t.dtype)
             else:  # Normalize: the constants as plain numbers, or no table
                 try:
-                    key.append((tuple(map(float, t.mean)), tuple(map(float, t.std)), t.inplace))
+                    key.append((*normalize_constants(t), t.inplace))
                 except (TypeError, ValueError):
                     return None
         return tuple(key)
@@ -107,7 +131,7 @@ class Tail:
     def _probe(self, channels: int) -> np.ndarray | None:
         import torch
 
-        x = torch.arange(256, dtype=torch.uint8).view(1, 1, 256).expand(channels, 1, 256).contiguous()
+        x = value_probe(channels)
         if self.to_tensor:
             x = x.to(dtype=torch.get_default_dtype()).div(255)  # ToTensor's own arithmetic on a uint8 image
         try:
@@ -117,7 +141,7 @@ class Tail:
             return None
         if type(x) is not torch.Tensor or x.dtype not in (torch.float32, torch.float64) or x.dim() != 3:
             return None
-        return x[:, 0, :].contiguous().numpy()
+        return probe_table(x)
 
     def tensor_from(self, px: Any, uint8: bool) -> Any:
         """This tail's tensor of the plan's pixels ``px``, in stock's layout, or None where stock must run it."""
@@ -131,6 +155,99 @@ class Tail:
         if self.to_tensor:
             return K.image_through_tables(a, table)  # ToTensor makes C x H x W contiguous
         return K.pixels_through_tables(a, table)  # after PILToTensor stock keeps the channels-last strides
+
+
+# --- v2's tail: a v2 Compose's end on the patch's image or a uint8 tensor, as one lookup -------------------------
+
+
+class V2Tail:
+    """The end of a v2 pipeline that turns a uint8 image into a normalised float tensor, as one lookup.
+
+    ``[PILToTensor | ToImage,] ToDtype(float, scale=True)[, Normalize]`` is elementwise and per
+    channel, and a uint8 pixel has 256 values: the stock transforms themselves are run once on a
+    C x 1 x 256 probe of every value, and each plane of the image is then one table lookup. The
+    output is stock's, bit for bit, with stock's type (``tv_tensors.Image`` or a plain tensor).
+    """
+
+    def __init__(self, v2: ModuleType) -> None:
+        from torchvision import tv_tensors
+
+        self.v2 = v2
+        self.image_type = tv_tensors.Image
+        self.tables: dict[tuple[Any, ...], Any] = {}
+
+    def takes_tensor(self, x: Any) -> bool:
+        import torch
+
+        return (
+            type(x) in (torch.Tensor, self.image_type) and x.dtype == torch.uint8 and x.ndim == 3
+            and x.shape[0] in (1, 3) and x.device.type == "cpu"
+        )
+
+    def run(self, steps: list[Any], x: Any) -> Any:
+        """``steps`` (the rest of a Compose) on ``x`` as one lookup, where they are this tail; else None."""
+        import torch
+
+        v2 = self.v2
+        if not steps:
+            return None
+        if isinstance(x, FastImage):
+            if type(steps[0]) not in (v2.PILToTensor, v2.ToImage):
+                return None
+            probe_type = self.image_type if type(steps[0]) is v2.ToImage else None
+            rest, planes = steps[1:], None  # stock keeps the image's channels-last strides here
+            channels = 1 if x.mode == "L" else 3
+        elif self.takes_tensor(x) and x.is_contiguous():
+            probe_type = self.image_type if type(x) is self.image_type else None
+            rest, channels = steps, int(x.shape[0])
+            planes = lambda: [p.numpy() for p in x.as_subclass(torch.Tensor)]  # noqa: E731
+        else:
+            return None
+        key = self._key(rest, channels, probe_type)
+        if key is None:
+            return None
+        table, out_type = self.tables.get(key) or self._table(rest, channels, probe_type, key)
+        if table.shape[0] != channels and channels != 1:
+            return None
+        if planes is None and table.shape[0] == channels:
+            out = K.pixels_through_tables(K.from_pil(x), table)
+        elif planes is None:  # a grey image normalised to three channels: stock broadcasts into a new tensor
+            out = K.image_through_tables(K.from_pil(x), table)
+        else:
+            out = K.planes_through_tables(planes(), table)
+        return out if out_type is None else out_type(out)
+
+    def _key(self, rest: list[Any], channels: int, probe_type: Any) -> tuple[Any, ...] | None:
+        import torch
+
+        v2 = self.v2
+        if not 1 <= len(rest) <= 2 or type(rest[0]) is not v2.ToDtype:
+            return None
+        to_dtype = rest[0]
+        if to_dtype.dtype not in (torch.float32, torch.float64) or to_dtype.scale is not True:
+            return None
+        key: tuple[Any, ...] = (to_dtype.dtype, channels, probe_type)
+        if len(rest) == 2:
+            norm = rest[1]
+            if type(norm) is not v2.Normalize:
+                return None
+            key += normalize_constants(norm)
+        return key
+
+    def _table(self, rest: list[Any], channels: int, probe_type: Any, key: tuple[Any, ...]) -> tuple[Any, Any]:
+        import torch
+
+        probe = value_probe(channels)
+        if probe_type is not None:
+            probe = probe_type(probe)
+        for t in rest:
+            probe = t(probe)  # stock code: its arithmetic, its errors
+        out_type = type(probe) if type(probe) is not torch.Tensor else None
+        table = probe_table(probe)
+        if len(self.tables) > 64:
+            self.tables.clear()
+        self.tables[key] = (table, out_type)
+        return table, out_type
 
 
 # --- the tail split off a Compose: what finishes a uint8 batch ----------------------------------------------------
@@ -191,7 +308,7 @@ def _split_step(t: Any, kind: str) -> bool:
 
 def _normalize_constants(t: Any) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
     try:
-        mean, std = tuple(float(m) for m in t.mean), tuple(float(s) for s in t.std)
+        mean, std = normalize_constants(t)
     except (TypeError, ValueError):
         return None
     # RGB images (three channels): constants stock broadcasts as it would per image; std 0 raises in stock
@@ -214,7 +331,7 @@ def find_tail(compose: Any) -> TailSpec | None:
         erasers += 1
     n = len(items)
     for start in range(max(0, n - 3), n):
-        kinds = tail_at(items, start, _split_step)
+        kinds = tail_kinds(items, start, _split_step)
         if start + len(kinds) == n:
             break
     else:
