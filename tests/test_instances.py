@@ -227,8 +227,8 @@ def test_skip_reasons_reach_the_decision(monkeypatch, caplog):
         return d
 
     # a GPU (what the Trainer patch finds at fit) and a strategy (what it finds in the arguments)
-    assert "a GPU" in decide(instance_count.TrainingJob(TinyModule(), skip="the Trainer trains on its CUDAAccelerator "
-                                                                   "(a GPU), and auto counts CPU processes")).reason
+    gpu = "the Trainer trains on its CUDAAccelerator (a GPU), and auto counts CPU processes"
+    assert "a GPU" in decide(instance_count.TrainingJob(TinyModule(), skip=gpu)).reason
     # a model that cannot be copied
     unpicklable = TinyModule()
     unpicklable.lock = threading.Lock()
@@ -236,8 +236,8 @@ def test_skip_reasons_reach_the_decision(monkeypatch, caplog):
     assert d.processes == 1 and "the model cannot be copied" in d.reason, d.reason
     # too few cores to share out
     _fake_cores(monkeypatch, 3)
-    assert "3 physical cores: each process needs at least 2" in decide(instance_count.TrainingJob(TinyModule(),
-                                                                                          _loader())).reason
+    assert "3 physical cores: each process needs at least 2" in decide(
+        instance_count.TrainingJob(TinyModule(), _loader())).reason
     # a short run: 2 epochs of 4 steps cannot repay seconds of start-up
     _fake_cores(monkeypatch, 4)
     d = decide(instance_count.TrainingJob(TinyModule(), _loader(), max_epochs=2))

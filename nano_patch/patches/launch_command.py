@@ -3,13 +3,13 @@
 Lightning's and Fabric's ``_SubprocessScriptLauncher`` build each child's command with the module functions
 ``_basic_subprocess_cmd`` and ``_hydra_subprocess_cmd`` (defined in ``lightning_fabric``'s launcher module and
 imported by name into ``pytorch_lightning``'s). Both are wrapped where the launchers look them up, in each of the
-four namespaces; the launchers themselves stay Lightning's. See ``train/ranks.py``.
+four namespaces; the launchers themselves stay Lightning's. Wiring only: the wrappers are ``train/ranks.py``'s.
 """
 
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from ..config import Options
 from ..registry import Patch
@@ -39,18 +39,7 @@ class LaunchCommandPatch(Patch):
         return f"{self.target} lacks {', '.join(missing)}" if missing else None
 
     def _apply(self, module: ModuleType, options: Options) -> None:
-        self.record.wrap(module, "_basic_subprocess_cmd", _basic)
-        self.record.wrap(module, "_hydra_subprocess_cmd", _hydra)
+        from ..train import ranks
 
-
-def _basic(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    from ..train.ranks import child_command
-
-    return child_command(wrapped(*args, **kwargs))
-
-
-def _hydra(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    from ..train.ranks import child_command
-
-    command, cwd = wrapped(*args, **kwargs)
-    return child_command(command), cwd
+        self.record.wrap(module, "_basic_subprocess_cmd", ranks.basic_command)
+        self.record.wrap(module, "_hydra_subprocess_cmd", ranks.hydra_command)

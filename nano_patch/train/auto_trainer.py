@@ -1,10 +1,10 @@
 """``num_processes="auto"`` for the Lightning Trainer: built as one process, decided at ``fit``.
 
-The Trainer patch builds a Trainer asked for ``auto`` as one process and keeps an :class:`AutoRequest` on it. Its
-``fit``, before Lightning's launcher starts any rank, calls :func:`decide_at_fit`: the decision
-(``train/instance_count.py``), and for more than one process Lightning's accelerator connector built again with
-nano-patch's strategy for that count, from the arguments the Trainer was built with, exactly as
-``Trainer(num_processes=N)`` would have built it. Lightning's launcher then starts the ranks.
+A Trainer asked for ``auto`` is built as one process (``train/trainer_arguments.py``) and keeps an
+:class:`AutoRequest` (``train/trainer_methods.py``). Its ``fit``, before Lightning's launcher starts any rank, calls
+:func:`decide_at_fit`: the decision (``train/instance_count.py``), and for more than one process Lightning's
+accelerator connector built again with nano-patch's strategy for that count, from the arguments the Trainer was built
+with, exactly as ``Trainer(num_processes=N)`` would have built it. Lightning's launcher then starts the ranks.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ class AutoRequest:
     """A Trainer built for ``num_processes="auto"``: what deciding the count at ``fit`` needs."""
 
     namespace: str  # pytorch_lightning or lightning.pytorch
-    #: ``multi(kwargs, n, cores)``: the Trainer arguments for ``n`` nano-patch processes (the Trainer patch's own)
+    #: ``multi(kwargs, n, cores)``: the Trainer arguments for ``n`` nano-patch processes
+    #: (``trainer_arguments.multi_instance_arguments``)
     multi: Callable[..., dict[str, Any]]
     skip: str | None  # why auto cannot be measured for this Trainer, as its arguments tell
     connector: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -45,19 +46,18 @@ class AutoRequest:
         return self
 
 
-def skip_reason(kwargs: dict[str, Any], run_level: bool, start_method: str | None, cls: type,
-                replaceable: tuple[str, ...]) -> str | None:
+def skip_reason(kwargs: dict[str, Any], run_level: bool, start_method: str | None, cls: type) -> str | None:
     """Why this Trainer's arguments leave no room for ``auto`` to measure (then it runs as the script built it).
-    ``cls``: nano-patch's strategy class; ``replaceable``: the strategy names a run-level count replaces."""
+    ``cls``: nano-patch's strategy class."""
     from . import strategy as strategy_mod
     from .training_plan import default_start_method
 
     accelerator = kwargs.get("accelerator", "auto")
-    name = accelerator if isinstance(accelerator, str) else type(accelerator).__name__.lower()
-    if name not in ("auto", "cpu", "cpuaccelerator"):
+    if not strategy_mod.on_cpu(accelerator):
         return f"the Trainer trains on accelerator={accelerator!r}, and auto counts CPU processes"
     strategy = kwargs.get("strategy", "auto")
-    named = isinstance(strategy, str) and strategy in (*replaceable, *strategy_mod.STRATEGY_NAMES)
+    named = isinstance(strategy, str) and strategy in (*strategy_mod.REPLACEABLE_STRATEGIES,
+                                                       *strategy_mod.STRATEGY_NAMES)
     if not named and not isinstance(strategy, cls):
         return f"strategy={strategy!r} is not the plain data parallelism that nano-patch's processes replace"
     nodes = int(kwargs.get("num_nodes", 1) or 1)
@@ -88,7 +88,7 @@ def decide_at_fit(trainer: Any, request: AutoRequest, model: Any, args: tuple[An
         accelerator = type(getattr(trainer, "accelerator", None)).__name__
         skip = request.skip or (None if accelerator == "CPUAccelerator" else
                                 f"the Trainer trains on its {accelerator} (a GPU), and auto counts CPU processes")
-        job = instance_count.Job(
+        job = instance_count.TrainingJob(
             model=model, train_dataloaders=arg(1, "train_dataloaders"), datamodule=arg(3, "datamodule"),
             bf16=str(trainer.precision).startswith("bf16"), channels_last=channels_last,
             max_steps=trainer.max_steps, max_epochs=trainer.max_epochs,

@@ -38,6 +38,11 @@ def has_conv2d(model: Any) -> bool:
     return parameters is not None and any(p.dim() == 4 for p in parameters())
 
 
+def is_channels_last(callback: Any) -> bool:
+    """Whether ``callback`` is a :func:`channels_last_callback` (of any Lightning namespace)."""
+    return type(callback).__name__.startswith("ChannelsLast") and type(callback).__module__ == __name__
+
+
 def channels_last_callback(pl: ModuleType) -> type:
     key = (pl.__name__, "ChannelsLast")
     if key not in _classes:

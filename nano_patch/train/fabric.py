@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import functools
 import importlib
-import logging
+import inspect
 from collections.abc import Callable, Iterable
 from types import ModuleType
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 from torch.utils.data import DataLoader
@@ -21,11 +21,12 @@ from torch.utils.data import DataLoader
 from ..config import ConfigError
 from . import callbacks, shutdown
 from . import strategy as strategy_mod
-from .training_plan import TrainingPlan, default_start_method, resolve_plan, warn_bf16_once
-
-log = logging.getLogger("nano_patch")
+from .training_plan import TrainingPlan, default_start_method, resolve_plan, starting_processes, warn_bf16_once
 
 START_METHODS = ("popen", "spawn", "fork")
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def _fabric_namespace() -> ModuleType:
@@ -72,12 +73,7 @@ def fabric_arguments(plan: TrainingPlan, fabric_kwargs: dict[str, Any], start_me
         start_method = start_method or default_start_method()
         kwargs.update(accelerator="cpu", devices=n, strategy=cls(
             cpu_for_each_process=plan.cpu_for_each_process, start_method=start_method))
-        if start_method != "popen":
-            from . import warm_start
-
-            warm_start.stop()  # only the script re-run starts its ranks through the rank entry
-        log.warning("nano-patch: %d CPU processes per node; the effective batch size is %d x the DataLoader "
-                    "batch size", n, n * int(kwargs.get("num_nodes", 1) or 1))
+        starting_processes(n, kwargs.get("num_nodes", 1), start_method)
     else:
         kwargs.setdefault("devices", 1)
     on_cpu = kwargs["accelerator"] == "cpu"
@@ -306,16 +302,20 @@ def _swap(value: Any, done: dict[int, Any]) -> Any:
     return done.get(id(value), value)
 
 
-def nano(
-    num_processes: int | str | None = None,
-    cpu_for_each_process: list[list[int]] | None = None,
-    precision: str | None = None,
-    channels_last: bool | None = None,
-    auto_lr: bool | dict[str, Any] | None = None,
-    *,
-    start_method: str | None = None,
-    **fabric_kwargs: Any,
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def _taking_the_arguments_of(cls: Callable[P, Any]) -> Callable[[Callable[..., R]], Callable[P, R]]:
+    """Give the decorated function ``cls``'s parameters, for ``help()``, ``inspect`` and type checkers: ``@nano``
+    takes exactly ``TorchNano``'s arguments, listed once."""
+    parameters = list(inspect.signature(cls).parameters.values())
+
+    def give(func: Callable[..., R]) -> Callable[P, R]:
+        func.__signature__ = inspect.signature(func).replace(parameters=parameters)  # type: ignore[attr-defined]
+        return func
+
+    return give
+
+
+@_taking_the_arguments_of(TorchNano)
+def nano(*args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate a training function so that it runs accelerated, in ``num_processes`` pinned ranks.
 
     The function takes its model, optimizers and DataLoaders as positional or keyword arguments
@@ -324,15 +324,17 @@ def nano(
     ``loss.backward()`` and ``optimizer.step()`` as usual. Rank 0's return value is returned.
     The arguments are those of :class:`TorchNano`.
     """
+    try:
+        inspect.signature(nano).bind(*args, **kwargs)
+    except TypeError as exc:  # arguments TorchNano would refuse fail here, at the decoration
+        raise TypeError(f"nano(): {exc}") from None
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         ref = _FunctionRef(func)
 
         @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            runner = _NanoRunner(num_processes, cpu_for_each_process, precision, channels_last, auto_lr,
-                                 start_method=start_method, **fabric_kwargs)
-            return runner.train(ref, args, kwargs)
+        def wrapper(*call_args: Any, **call_kwargs: Any) -> Any:
+            return _NanoRunner(*args, **kwargs).train(ref, call_args, call_kwargs)
 
         wrapper.__nano_function__ = func  # type: ignore[attr-defined]
         return wrapper

@@ -4,9 +4,9 @@ Lightning's launcher starts the ranks inside ``Trainer.fit``, and only there are
 Trainer asked for ``auto`` is built as one process, and at ``fit``, before Lightning's launcher runs, :func:`decide`
 measures the job (``train/job_measure.py``: the step time on a copy of the model at the batch size with all cores and
 with each candidate share of them, the gradient all-reduce between local processes, the loading time of a sample),
-predicts each candidate count's throughput, and picks. The Trainer patch then gives that Trainer nano-patch's strategy
-for the count, and Lightning's launcher starts the ranks as it does for an explicit count. The count is kept in
-:data:`AUTO_ENV`: the ranks Lightning starts re-run the script, and there (and for later Trainers of this process)
+predicts each candidate count's throughput, and picks. ``train/auto_trainer.py`` then gives that Trainer nano-patch's
+strategy for the count, and Lightning's launcher starts the ranks as it does for an explicit count. The count is kept
+in :data:`AUTO_ENV`: the ranks Lightning starts re-run the script, and there (and for later Trainers of this process)
 ``auto`` means that count, without measuring again.
 
 The prediction, per candidate count ``n`` of processes with ``t`` cores each (``t = cores / n``), batch ``B``:
@@ -14,14 +14,14 @@ The prediction, per candidate count ``n`` of processes with ``t`` cores each (``
     per-rank step = step(n copies at once, t threads each) + all-reduce(n) / accumulation + B x load(1 sample) / t
     throughput(n) = n x B / per-rank step                     (samples/s; n = 1 is one process with every core)
 
-The step of ``n > 1`` is timed with ``n`` copies of the model stepping at the same time on their shares, not one
-copy alone: ranks share the caches, the memory bandwidth and the clock (a lone 4-thread step on a 16-core Xeon is
-faster than each of 4 at once), and that difference is what decides.
-
 and, where the run's length is known, the ranks' start-up (about this process's own time to ``fit``: each rank
 re-runs it) is spread over the run's samples. More than one process is chosen only where that is at least
 :data:`MARGIN` times one process's throughput. The loading term counts only where the DataLoader loads in the
 training process (``num_workers=0``); it costs the same per sample either way, so it only narrows the margins.
+
+The step of ``n > 1`` is timed with ``n`` copies of the model stepping at the same time on their shares, not one
+copy alone: ranks share the caches, the memory bandwidth and the clock, so a lone step on a share of the cores is
+faster than each of ``n`` stepping at once, and that difference is what decides.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def decided() -> int | None:
 
 
 @dataclass
-class Job:
+class TrainingJob:
     """What the decision needs to know about one ``Trainer.fit``."""
 
     model: Any
@@ -174,7 +174,7 @@ def startup_seconds() -> float:
     return age if imported is None else max(WARM_STARTUP_FLOOR_S, age - imported)
 
 
-def steps_in_run(job: Job, steps_per_epoch: int | None) -> int | None:
+def steps_in_run(job: TrainingJob, steps_per_epoch: int | None) -> int | None:
     """Training steps of the run in one process, from the Trainer's limits; None where unbounded or unknown."""
     limits = []
     if job.max_steps is not None and job.max_steps > 0:
@@ -191,7 +191,7 @@ def steps_in_run(job: Job, steps_per_epoch: int | None) -> int | None:
     return min(limits) if limits else None
 
 
-def decide(job: Job, cpus: list[int] | None = None) -> Decision:
+def decide(job: TrainingJob, cpus: list[int] | None = None) -> Decision:
     """Measure ``job`` and choose a process count; never raises (a failure is 1 process, with its reason)."""
     start = time.perf_counter()
     decision = _decide(job, cpus, start)
@@ -199,7 +199,7 @@ def decide(job: Job, cpus: list[int] | None = None) -> Decision:
     return decision
 
 
-def _decide(job: Job, cpus: list[int] | None, start: float) -> Decision:
+def _decide(job: TrainingJob, cpus: list[int] | None, start: float) -> Decision:
     if job.skip:
         return Decision(1, job.skip)
     counts = topology.counts_to_try(cpus)

@@ -4,13 +4,13 @@ the all-reduce of its gradient bytes between local processes.
 What ``num_processes="auto"`` (``train/instance_count.py``) decides from. Every figure comes from something that
 leaves the user's run as it was:
 
-- *The first batch's shape* is read in a forked child process (:func:`first_batch`): the child takes one sample
-  from the training DataLoader's dataset (or from the DataModule's, after its ``setup("fit")``), collates it with the
-  loader's ``collate_fn`` and sends back only shapes and dtypes. Whatever that draws (the sampler, the transforms'
-  random parameters, Python's, NumPy's and torch's generators) or counts is the child's copy: the parent's state is
-  untouched by construction, with no save and restore. The child runs one torch thread (as a DataLoader worker does:
-  a forked process must not start OpenMP threads its parent already used), writes nothing to the user's terminal and
-  ends with ``os._exit``.
+- *The first batch's shape* is read in a forked child process (:func:`first_batch`, run by ``train/forked_call.py``):
+  the child takes one sample from the training DataLoader's dataset (or from the DataModule's, after its
+  ``setup("fit")``), collates it with the loader's ``collate_fn`` and sends back only shapes and dtypes. Whatever that
+  draws (the sampler, the transforms' random parameters, Python's, NumPy's and torch's generators) or counts is the
+  child's copy: the parent's state is untouched by construction, with no save and restore. The child runs one torch
+  thread (as a DataLoader worker does: a forked process must not start OpenMP threads its parent already used), writes
+  nothing to the user's terminal and ends with ``os._exit``.
 - *The step* runs on ``copy.deepcopy`` of the module, on an input synthesized from that shape with a private
   ``torch.Generator``: forward, a sum of the output, backward; no optimizer, no optimizer state. The first (warm-up)
   step runs under a guard that refuses, before it happens, any draw from a global generator: torch's random
@@ -30,16 +30,16 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import os
-import pickle
-import select
-import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from . import forked_call
 
 #: Seconds a forked child (the first batch, the all-reduce) may take before it is stopped.
 CHILD_TIMEOUT_S = 60.0
@@ -67,83 +67,11 @@ def first_batch(train_dataloaders: Any, datamodule: Any, model: Any, timeout: fl
     """The training data's first batch shape, read in a forked child so that nothing in this process changes."""
     if not hasattr(os, "fork"):
         raise MeasureError("this platform cannot fork, so the first batch cannot be read without changing state")
-    return _in_child(lambda: _read_first_batch(train_dataloaders, datamodule, model), timeout,
-                     "reading the first batch")
-
-
-def _in_child(work: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Run ``work`` in a forked child with one torch thread and its output silenced; return its picklable result."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        os.close(r)
-        try:
-            _quiet_child()
-            result: tuple[str, Any] = ("ok", work())
-        except BaseException as exc:  # noqa: BLE001 - reported to the parent
-            result = ("error", f"{type(exc).__name__}: {exc}")
-        try:
-            data = pickle.dumps(result)
-        except Exception as exc:  # noqa: BLE001
-            data = pickle.dumps(("error", f"unpicklable result: {exc}"))
-        with contextlib.suppress(OSError):
-            view = memoryview(data)
-            while view:
-                view = view[os.write(w, view):]
-        os._exit(0)
-    os.close(w)
     try:
-        data = _read_until_eof(r, timeout)
-    finally:
-        os.close(r)
-        _reap(pid)
-    if data is None:
-        raise MeasureError(f"{what} took more than {timeout:.0f} s")
-    try:
-        status, value = pickle.loads(data)
-    except Exception as exc:  # noqa: BLE001 - the child died before it wrote (a crash in the user's dataset)
-        raise MeasureError(f"{what} failed: the child process ended without a result") from exc
-    if status != "ok":
-        raise MeasureError(f"{what} failed: {value}")
-    return value
-
-
-def _quiet_child() -> None:
-    """In a forked child: one torch thread (OpenMP's threads belong to the parent), no output, no report counts."""
-    devnull = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(devnull, fd)
-    import torch
-
-    torch.set_num_threads(1)
-    from .. import report
-
-    report.stats = None  # this child's loads are not the run's
-
-
-def _read_until_eof(fd: int, timeout: float) -> bytes | None:
-    chunks = []
-    deadline = time.monotonic() + timeout
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return None
-        ready, _, _ = select.select([fd], [], [], left)
-        if not ready:
-            return None
-        chunk = os.read(fd, 1 << 16)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-
-
-def _reap(pid: int) -> None:
-    with contextlib.suppress(ChildProcessError):
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == 0:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+        return forked_call.call_in_child(lambda: _read_first_batch(train_dataloaders, datamodule, model), timeout,
+                                         "reading the first batch")
+    except forked_call.ChildFailed as exc:
+        raise MeasureError(str(exc)) from exc
 
 
 def _train_loader(train_dataloaders: Any, datamodule: Any, model: Any) -> Any:
@@ -525,39 +453,18 @@ def allreduce_seconds(groups: list[list[int]], numel: int, bf16: bool, timeout: 
     n = len(groups)
     folder = tempfile.mkdtemp(prefix="nano-patch-allreduce-")
     store_path = os.path.join(folder, "store")
-    r, w = os.pipe()
-    pids = []
+    ranks = [functools.partial(_allreduce_rank, store_path, rank, n, cores, numel, bf16, timeout)
+             for rank, cores in enumerate(groups)]
     try:
-        for rank, cores in enumerate(groups):
-            pid = os.fork()
-            if pid == 0:
-                os.close(r)
-                code = 1
-                try:
-                    _quiet_child()
-                    seconds = _allreduce_rank(store_path, rank, n, cores, numel, bf16, timeout)
-                    if rank == 0:
-                        os.write(w, pickle.dumps(seconds))
-                    code = 0
-                finally:
-                    os._exit(code)
-            pids.append(pid)
-        os.close(w)
-        w = -1
-        data = _read_until_eof(r, timeout)
+        return float(forked_call.call_in_children(ranks, timeout, "the all-reduce"))  # rank 0's figure
+    except forked_call.ChildFailed as exc:
+        why = f"the all-reduce between {n} local processes did not complete within {timeout:.0f} s"
+        raise MeasureError(why) from exc
     finally:
-        if w >= 0:
-            os.close(w)
-        os.close(r)
-        for pid in pids:
-            _reap(pid)
         with contextlib.suppress(OSError):
             for name in os.listdir(folder):
                 os.unlink(os.path.join(folder, name))
             os.rmdir(folder)
-    if not data:
-        raise MeasureError(f"the all-reduce between {n} local processes did not complete within {timeout:.0f} s")
-    return float(pickle.loads(data))
 
 
 def _allreduce_rank(store_path: str, rank: int, n: int, cores: list[int], numel: int, bf16: bool,

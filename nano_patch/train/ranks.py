@@ -83,6 +83,18 @@ def child_command(command: list[str] | tuple[str, ...]) -> list[str]:
     return [command[0], "-m", RANK_ENTRY, *command[1:]]
 
 
+def basic_command(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
+    """Around Lightning's ``_basic_subprocess_cmd``: the command it builds, through the rank entry."""
+    return child_command(wrapped(*args, **kwargs))
+
+
+def hydra_command(wrapped: Any, instance: Any, args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> tuple[list[str], Any]:
+    """Around Lightning's ``_hydra_subprocess_cmd``: the command it builds, through the rank entry, and its folder."""
+    command, cwd = wrapped(*args, **kwargs)
+    return child_command(command), cwd
+
+
 # -- in the child ----------------------------------------------------------------------------------------------
 
 

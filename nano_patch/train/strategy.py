@@ -6,6 +6,7 @@ subclass is built once per namespace from that namespace's ``DDPStrategy``.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from collections.abc import Callable
@@ -16,7 +17,10 @@ from . import FABRIC, LIGHTNING, find_class, name_class, ranks, shutdown, topolo
 
 log = logging.getLogger("nano_patch")
 
+#: nano-patch's strategy names in Lightning's registry -> the start method each registers
 STRATEGY_NAMES = {"nano_ddp": "popen", "nano_ddp_spawn": "spawn", "nano_ddp_fork": "fork"}
+#: Strategies a run-level num_processes replaces: what a script names for plain data parallelism.
+REPLACEABLE_STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_fork", "ddp_notebook")
 
 _classes: dict[str, type] = {}
 
@@ -80,6 +84,33 @@ class PinnedCores:
         parent = getattr(super(), "on_exception", None)
         if parent is not None:
             parent(exception)
+
+
+def on_cpu(accelerator: Any) -> bool:
+    """Whether a Trainer's ``accelerator`` argument (a name or an ``Accelerator``) leaves it on the CPU, where
+    nano-patch's processes run."""
+    name = accelerator if isinstance(accelerator, str) else type(accelerator).__name__.lower()
+    return name in ("auto", "cpu", "cpuaccelerator")
+
+
+def register_names(pl: ModuleType, registered: list[tuple[dict[str, Any], str]]) -> None:
+    """Register :data:`STRATEGY_NAMES` in the Lightning namespace ``pl``'s ``StrategyRegistry``, each name not there
+    yet, appending (registry, name) to ``registered`` as each is (so that :func:`unregister_names` undoes even a
+    registration that failed half-way)."""
+    registry = importlib.import_module(f"{pl.__name__}.strategies").StrategyRegistry
+    cls = strategy_class(pl)
+    for name, method in STRATEGY_NAMES.items():
+        if name not in registry:
+            registry.register(name, cls, description=f"nano-patch multi-instance CPU DDP ({method})",
+                              start_method=method)
+            registered.append((registry, name))
+
+
+def unregister_names(registered: list[tuple[dict[str, Any], str]]) -> None:
+    """Take out what :func:`register_names` registered, newest first, emptying ``registered``."""
+    while registered:
+        registry, name = registered.pop()
+        registry.pop(name, None)
 
 
 def _per_namespace(module: ModuleType, build: Callable[[ModuleType], type]) -> type:

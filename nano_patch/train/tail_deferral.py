@@ -39,7 +39,8 @@ def _stack() -> list[Any]:
 
 
 def running(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Around ``Trainer.fit/validate/test/predict``: the Trainer whose fetchers may defer."""
+    """Around ``Trainer._run_stage`` (what ``fit/validate/test/predict`` run): the Trainer whose fetchers may
+    defer."""
     stack = _stack()
     stack.append(instance)
     try:
@@ -49,7 +50,8 @@ def running(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str
 
 
 def iterating(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Around Lightning's ``_DataFetcher.__iter__``: the loaders' iterators start inside it."""
+    """Around Lightning's ``_DataFetcher.__iter__`` and ``__next__``: the loaders' iterators start inside them (in
+    ``__next__`` where a loader starts lazily)."""
     stack = _stack()
     trainer = stack[-1] if stack else None
     if trainer is None or type(instance).__name__ not in _TRANSFERRING_FETCHERS:

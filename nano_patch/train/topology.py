@@ -81,7 +81,8 @@ def split_cores(n: int, cpus: list[int] | None = None) -> list[list[int]]:
 
 
 #: ``num_processes="auto"`` leaves each process two cores at least: besides its step a rank runs serial work (the
-#: optimizer, the loader's draws, gloo's thread). On 2 cores, 2 processes of 1 core measured 0.88-1.06x one process.
+#: optimizer, the loader's draws, gloo's thread) that a one-core process can only run in its step's stead, and
+#: processes of one core each measured no faster than one process (``docs/benchmarks.md``, ``train.py``).
 MIN_CORES_PER_PROCESS = 2
 
 

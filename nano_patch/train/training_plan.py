@@ -95,6 +95,17 @@ def _auto_needs_a_trainer(what: str) -> None:
                 "give num_processes=N to run N", what)
 
 
+def starting_processes(n: int, num_nodes: Any, start_method: str) -> None:
+    """``n`` nano-patch CPU processes per node are set up to start by ``start_method`` (Trainer and Fabric alike):
+    the warm interpreter only where they start through the rank entry, and the log line on the batch size."""
+    if start_method != "popen":
+        from . import warm_start
+
+        warm_start.stop()  # only the script re-run starts its ranks through the rank entry
+    log.warning("nano-patch: %d CPU processes per node; the effective batch size is %d x the DataLoader batch size",
+                n, n * int(num_nodes or 1))
+
+
 def default_start_method() -> str:
     """``"fork"`` in notebooks and interactive sessions, where the script cannot be re-run; else ``"popen"``."""
     main = sys.modules.get("__main__")

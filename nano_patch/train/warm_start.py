@@ -1,9 +1,9 @@
 """Child ranks that start warm: Lightning's launcher starts them, a pre-imported interpreter runs them.
 
 Lightning's script launcher starts each child rank as a new interpreter that runs the script from its top, so each
-imports torch, torchvision and Lightning again: about 3 of the 3.4 s a second rank added to the start of a run on a
-2-core VM, all of it after the launching process reached ``fit``. nano-patch already runs each child through its rank
-entry (``python -m nano_patch._rank SCRIPT ARGS``, ``train/ranks.py``). So:
+imports torch, torchvision and Lightning again: most of what a second rank adds to the start of a run
+(``docs/benchmarks.md``, ``rank_startup.py``), all of it after the launching process reached ``fit``. nano-patch
+already runs each child through its rank entry (``python -m nano_patch._rank SCRIPT ARGS``, ``train/ranks.py``). So:
 
 1. A process that starts a multi-instance run (``nano-patch run --num-processes N|auto``, ``patch_torch(num_processes
    =...)`` in a script) starts, at once, one *warm interpreter* (:func:`maybe_start`): ``python -m nano_patch._rank
