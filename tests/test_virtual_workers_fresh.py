@@ -30,16 +30,26 @@ def start_method(request):
     multiprocessing.set_start_method(before, force=True)
 
 
-@pytest.mark.parametrize(("workers", "persistent"), [(1, False), (2, False), (3, False), (1, True), (2, True),
-                                                    (3, True)])
-def test_fresh_workers_give_stocks_batches_and_generators(folder, start_method, workers, persistent):  # noqa: F811
+#: (workers, persistent) per start method: every case under forkserver (Python 3.14's default); spawn starts its
+#: workers the same way (a fresh interpreter), so it takes two of them.
+FRESH_CASES = [("forkserver", w, p) for p in (False, True) for w in (1, 2, 3)] + [("spawn", 3, False),
+                                                                                  ("spawn", 2, True)]
+
+
+@pytest.mark.parametrize(("method", "workers", "persistent"), FRESH_CASES)
+def test_fresh_workers_give_stocks_batches_and_generators(folder, method, workers, persistent):  # noqa: F811
     from torchvision.datasets import ImageFolder
 
     def make():
         return DataLoader(ImageFolder(str(folder), transform=_pets()), batch_size=4, shuffle=True,
                           num_workers=workers, persistent_workers=persistent)
 
-    _, patched = _stock_and_patched(make, seed=workers)
+    before = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method(method, force=True)
+    try:
+        _, patched = _stock_and_patched(make, seed=workers)
+    finally:
+        multiprocessing.set_start_method(before, force=True)
     assert set(_iterators(patched)) == {"VirtualWorkersIter"}
 
 

@@ -5,7 +5,7 @@
   Country211 is an ImageFolder): the file decodes straight to an array through libjpeg-turbo and goes to a patched
   ``Compose`` as one (``data/sample_loading.py``), reading and filling the decoded-image cache where it is on.
   Caltech101 keeps each photo's own mode (grayscale stays "L").
-- The batch loaders (:func:`batch_loader_of`): the patched fetch (``data/fetch.py``) hands them a batch's indices
+- The batch routes (:func:`getitems_of`): the patched fetch (``data/fetch.py``) hands them a batch's indices
   where stock's loop would call the class's ``__getitem__`` for each; the batch loads on the loader's threads
   (``data/batch_loader.py``) where it can, else stock's loop loads it, and ``--report`` says why.
 """
@@ -38,10 +38,10 @@ def why_not_loader(known: tuple[Callable[..., Any], ...]) -> Callable[[Any], str
     return why
 
 
-def batch_loader_of(cls: type, why_not: Callable[[Any], str | None],
-                   sample_of: Callable[[Any, int], tuple[Any, Any]],
-                   transforms_of: Callable[[Any], tuple[Any, Any]] | None = None) -> Callable[..., Any]:
-    """The batch loader of ``cls`` (``data/fetch.py``): the patched fetch hands it a batch's indices where stock's
+def getitems_of(cls: type, why_not: Callable[[Any], str | None],
+                sample_of: Callable[[Any, int], tuple[Any, Any]],
+                transforms_of: Callable[[Any], tuple[Any, Any]] | None = None) -> Callable[..., Any]:
+    """The batch route of ``cls`` (``data/fetch.py``): the patched fetch hands it a batch's indices where stock's
     loop would call ``cls.__getitem__`` for each. The batch loads on the loader's threads where it can
     (``data/batch_loader.py``); None, having run nothing, where stock's loop must load it."""
     from . import batch_loader, loader_threads
@@ -163,7 +163,7 @@ def adapters(module: ModuleType, known: tuple[Callable[..., Any], ...]) -> dict[
     from torchvision.datasets import folder
 
     found = {folder.DatasetFolder: (loader_getitem(folder, known, folder_sample),
-                                    batch_loader_of(folder.DatasetFolder, why_not_loader(known), folder_sample))}
+                                    getitems_of(folder.DatasetFolder, why_not_loader(known), folder_sample))}
     found.update(builtin_adapters(module, known))
     return found
 
@@ -186,10 +186,10 @@ def builtin_adapters(module: ModuleType, known: tuple[Callable[..., Any], ...]) 
         if not (isinstance(cls, type) and "__getitem__" in vars(cls)):
             continue
         if name == "OxfordIIITPet":
-            adapters[cls] = (pet_getitem(), batch_loader_of(cls, why_not_pet_batch, pet_sample, pet_transforms))
+            adapters[cls] = (pet_getitem(), getitems_of(cls, why_not_pet_batch, pet_sample, pet_transforms))
         else:
             adapters[cls] = (loader_getitem(folder, known, getters[name]),
-                             batch_loader_of(cls, why_not_loader(known), getters[name]))
+                             getitems_of(cls, why_not_loader(known), getters[name]))
     caltech = getattr(module, "Caltech101", None)
     if isinstance(caltech, type) and "__getitem__" in vars(caltech):
         adapters[caltech] = (caltech_getitem(), None)  # grey photos stay "L": one by one

@@ -6,7 +6,7 @@ Torch's map-style fetcher (``torch.utils.data._utils.fetch._MapDatasetFetcher.fe
 with ``__getattr__``, and the batch would then skip the wrapper's own ``__getitem__``. So the patched classes get
 no ``__getitems__`` (``hasattr`` answers as on stock); instead :func:`fetch` is stock's ``fetch`` line for line,
 with one change: where stock would call ``dataset[i]`` for each index and ``type(dataset).__getitem__`` is the
-one a dataset patch wrapped (:func:`register`), that patch's batch loader loads the batch (and returns None,
+one a dataset patch wrapped (:func:`register`), that patch's batch route loads the batch (and returns None,
 having run nothing, where stock's loop must). A ``Subset`` (torch's own ``__getitems__``) whose dataset has no
 ``__getitems__`` is followed to it, with the indices mapped as ``Subset`` maps them. Everything else (wrappers,
 ``ConcatDataset``, ``StackDataset``, subclasses that override ``__getitem__``, user ``__getitems__``) runs
@@ -22,7 +22,7 @@ from typing import Any
 from .. import forks
 from ..vision.images.subsets import under_subsets
 
-#: class whose ``__getitem__`` a dataset patch wrapped -> its batch loader ``(dataset, indices) -> list | None``
+#: class whose ``__getitem__`` a dataset patch wrapped -> its batch route ``(dataset, indices) -> list | None``
 #: (None: the class loads one by one)
 _routes: dict[type, Callable[[Any, list[Any]], list[Any] | None] | None] = {}
 _lock = threading.Lock()
@@ -53,7 +53,7 @@ def patched_dataset(dataset: Any) -> bool:
 
 
 def _load_by_route(dataset: Any, indices: list[Any]) -> list[Any] | None:
-    """The batch ``[dataset[i] for i in indices]`` by the patch's batch loader, or None (nothing ran)."""
+    """The batch ``[dataset[i] for i in indices]`` by the patch's batch route, or None (nothing ran)."""
     if not _routes:
         return None
     loader = _routes.get(_getitem_owner(type(dataset)))  # type: ignore[arg-type]
@@ -77,7 +77,7 @@ def _subset_getitems(subset: Any, indices: list[Any]) -> list[Any]:
 
 
 def make_fetch(stock_fetch: Callable[..., Any], subset_cls: type) -> Callable[..., Any]:
-    """The ``_MapDatasetFetcher.fetch`` to install: stock's, with the batch loaders (see the module)."""
+    """The ``_MapDatasetFetcher.fetch`` to install: stock's, with the batch routes (see the module)."""
     from torch.utils.data._utils.collate import default_collate as stock_default_collate
 
     from . import collate

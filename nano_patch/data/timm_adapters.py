@@ -39,8 +39,8 @@ def why_timm_code(instance: Any, reader_cls: type, stock_getitem: Any) -> str | 
     return None
 
 
-def batch_loader_of(dataset_cls: type, reader_cls: type, reader_methods: dict[str, Any]) -> Callable[..., Any]:
-    """The batch loader (``data/fetch.py``): a batch on the loader's threads (``data/batch_loader.py``), with timm's
+def getitems_of(dataset_cls: type, reader_cls: type, reader_methods: dict[str, Any]) -> Callable[..., Any]:
+    """The batch route (``data/fetch.py``): a batch on the loader's threads (``data/batch_loader.py``), with timm's
     targets (-1 for none, else its ``target_transform``). A file that fails to load is loaded one by one through
     ``__getitem__`` at its place, which skips it as timm does."""
     from . import batch_loader, loader_threads

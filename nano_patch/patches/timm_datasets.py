@@ -41,7 +41,7 @@ class TimmDatasetsPatch(Patch):
         reader_methods = vars(ReaderImageFolder)
         getitem = timm_adapters.getitem_of(ReaderImageFolder, reader_methods)
         self.record.wrap(dataset.ImageDataset, "__getitem__", getitem)
-        loader = timm_adapters.batch_loader_of(dataset.ImageDataset, ReaderImageFolder, reader_methods)
+        loader = timm_adapters.getitems_of(dataset.ImageDataset, ReaderImageFolder, reader_methods)
         fetch.register(dataset.ImageDataset, loader)
         self._routed = dataset.ImageDataset
 
