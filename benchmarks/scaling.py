@@ -171,8 +171,11 @@ out.update(images=n, seconds=seconds, images_per_s=n / seconds, cpu_s_per_image=
 if cfg["side"] == "patched":
     try:
         from nano_patch.data import loader_threads
-    except ImportError:  # a checkout from before the module's rename (data/parallel.py), for comparisons
-        from nano_patch.data import parallel as loader_threads
+    except ImportError:  # a checkout from before the module's renames (data/loader_pool.py, data/parallel.py)
+        try:
+            from nano_patch.data import loader_pool as loader_threads
+        except ImportError:
+            from nano_patch.data import parallel as loader_threads
     out["loader_threads"] = loader_threads.describe()
     out["nano_patch"] = os.path.dirname(nano_patch.__file__)
 print(json.dumps(out))
