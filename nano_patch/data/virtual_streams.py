@@ -280,7 +280,7 @@ def _pinned(data: Any, device: Any, index: int) -> Any:
 def _fast_batch(ctx: Context, stream: Stream, indices: Any) -> Any:
     """The collated batch of ``indices`` as worker ``stream.worker_id`` would send it, by the fast path; or None
     where a stand-in must load it (the stream's draws are then where they were)."""
-    from ..vision.plans import oprunner
+    from ..vision.plans import batch_memory
     from . import collate, drawn_batches
 
     snap = ctx.snapshot
@@ -293,7 +293,7 @@ def _fast_batch(ctx: Context, stream: Stream, indices: Any) -> Any:
             entries = None
         if entries is not None:
             try:
-                with oprunner.batches_in_shared_memory(ctx.pin is None):
+                with batch_memory.batches_in_shared_memory(ctx.pin is None):
                     data = drawn_batches.load_drawn(snap.dataset, snap.owner, entries, stream.draws,
                                                    ctx.render_threads, ctx.uint8)
             except Exception:  # noqa: BLE001 - never the user's error: the stand-in loads it with stock's code

@@ -25,7 +25,7 @@ import numpy as np
 
 from ... import forks, report
 from ..kernels import native, native_checks, native_kernels
-from .batch_memory import batch_memory, batches_in_shared_memory  # noqa: F401 - (the latter) for virtual_streams
+from .batch_memory import batch_memory
 from .batch_slots import mark_slot
 from .pixel_ops import OP_CROP, OP_KERNELS, RenderFailed, TensorTail
 from .recording import Recording
