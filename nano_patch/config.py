@@ -50,11 +50,12 @@ class Options:
     cache_dir: str | None = None
     loader_threads: int | str = "auto"
     virtual_workers: bool = True
+    lazy_images: bool = True
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(Options))
 BOOLEAN_FIELDS = ("vision", "dataloader", "trainer", "channels_last", "scaled_decode", "uint8_batches",
-                  "virtual_workers")
+                  "virtual_workers", "lazy_images")
 
 # What each option does, for `nano-patch run --help`.
 DESCRIPTIONS = {
@@ -75,6 +76,9 @@ DESCRIPTIONS = {
                       "stock's draws in stock's order); auto = every usable core, fewer where measured faster",
     "virtual_workers": "num_workers=N as N virtual workers in this process where no user code runs in a worker "
                        "(stock's seeds and batches; else worker processes)",
+    "lazy_images": "Image.open(...).convert(\"RGB\") of a plain JPEG decodes when its pixels are read; a patched "
+                   "Compose that starts with a crop decodes only the crop, and in a DataLoader batch its pixel work "
+                   "is rendered on the loader's threads",
 }
 
 # What each option accepts, for error messages and the README table.
@@ -95,6 +99,7 @@ ACCEPTED = {
     "loader_threads": 'a positive int, "auto" (the usable cores: affinity and cgroup quota) or "off" (one by one, '
                       'as stock)',
     "virtual_workers": "a bool (env: 1/0, true/false, yes/no, on/off)",
+    "lazy_images": "a bool (env: 1/0, true/false, yes/no, on/off)",
 }
 
 

@@ -32,6 +32,8 @@ DATA_WAIT_ADVICE = 0.20
 RESIZE_ADVICE = 0.10
 #: Loader figures merged across processes by their largest value, not their sum.
 _MAX_KEYS = ("max_workers", "parallel_threads")
+#: Sections whose accelerated paths the report lists too: the lazy images' (a user's own dataset: which path it took).
+_PATHS_SHOWN = ("pil_images",)
 
 
 class Stats:
@@ -375,6 +377,8 @@ def render(report: dict[str, Any]) -> str:
             lines.append(f"  {p['name']}: {built}")
             continue
         lines.append(f"  {p['name']}: {p['accelerated']} accelerated, {p['fallback']} fallback")
+        if p["name"] in _PATHS_SHOWN:  # (which path each sample took, not only why some did not)
+            lines += [f"      + {a['count']} x {a['what']}" for a in p["top_accelerated"]]
         lines += [f"      {f['count']} x {f['reason']}" for f in p["top_fallbacks"]]
     lt = report.get("loader_threads")
     if lt is not None:

@@ -80,7 +80,7 @@ def make_fetch(stock_fetch: Callable[..., Any], subset_cls: type) -> Callable[..
     """The ``_MapDatasetFetcher.fetch`` to install: stock's, with the batch routes (see the module)."""
     from torch.utils.data._utils.collate import default_collate as stock_default_collate
 
-    from . import collate
+    from . import collate, lazy_samples
 
     stock_subset_getitems = vars(subset_cls).get("__getitems__")
     stock_subset_getitem = vars(subset_cls).get("__getitem__")
@@ -91,15 +91,15 @@ def make_fetch(stock_fetch: Callable[..., Any], subset_cls: type) -> Callable[..
                 cls = type(self.dataset)
                 if (stock_subset_getitems is not None and getattr(cls, "__getitems__", None) is stock_subset_getitems
                         and _getitem_owner(cls) is subset_cls and subset_cls.__getitem__ is stock_subset_getitem):
-                    data = _subset_getitems(self.dataset, possibly_batched_index)
+                    data = lazy_samples.fetched(lambda: _subset_getitems(self.dataset, possibly_batched_index))
                 else:
-                    data = self.dataset.__getitems__(possibly_batched_index)
+                    data = lazy_samples.fetched(lambda: self.dataset.__getitems__(possibly_batched_index))
             else:
                 data = _load_by_route(self.dataset, possibly_batched_index)
                 if data is None:
-                    data = [self.dataset[idx] for idx in possibly_batched_index]
+                    data = lazy_samples.fetched(lambda: [self.dataset[idx] for idx in possibly_batched_index])
         else:
-            data = self.dataset[possibly_batched_index]
+            data = lazy_samples.fetched(lambda: self.dataset[possibly_batched_index])
         handed = collate.take_handed()  # (taken in every case: a note never outlives its fetch)
         if self.collate_fn is stock_default_collate:  # the common batch without stock's walk (same result)
             batch = collate.collate_pairs(data, handed)

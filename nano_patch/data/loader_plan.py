@@ -143,10 +143,12 @@ def _with_workers(stock_iter: Callable[[], Any], loader: Any, options: Options,
 
 def _start_processes(stock_iter: Callable[[], Any], loader: Any, uint8: uint8_batches.TailSpec | None) -> Any:
     from ..vision.kernels import native
-    from . import workers
+    from . import lazy_samples, workers
 
     if fetch.patched_dataset(loader.dataset):
         native.check_all()  # (once here: every worker inherits the verdicts instead of checking again)
+    else:
+        lazy_samples.check_kernels()  # (the same, for the kernels a user's own dataset's lazy images may use)
     # Workers read ``worker_init_fn`` as the iterator starts them: the step goes around the user's function for
     # exactly that moment, and the attribute reads as the user left it afterwards.
     with _start_lock:

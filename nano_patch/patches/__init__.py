@@ -9,12 +9,14 @@ def all_patches() -> list[Patch]:
     from .dataloader import DataLoaderPatch
     from .launch_command import TARGETS, LaunchCommandPatch
     from .lightning_trainer import LightningTrainerPatch
+    from .pil_images import PilImagesPatch
     from .timm_datasets import TimmDatasetsPatch
     from .vision_datasets import VisionDatasetsPatch
     from .vision_transforms import VisionTransformsPatch
     from .vision_transforms_v2 import VisionTransformsV2Patch
 
     return [
+        PilImagesPatch(),
         VisionTransformsPatch(),
         VisionTransformsV2Patch(),
         VisionDatasetsPatch(),

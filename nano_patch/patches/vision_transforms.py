@@ -50,6 +50,7 @@ class VisionTransformsPatch(Patch):
         from torchvision.transforms import _functional_pil as F_pil
         from torchvision.transforms import functional as F
 
+        from ..data import lazy_samples
         from ..vision.kernels import pil_dispatch
         from ..vision.plans import compose_call, pil_backend
 
@@ -61,7 +62,7 @@ class VisionTransformsPatch(Patch):
         self.record.redirect(F.to_tensor, pil_backend.to_tensor_with_kernel(stock_copy(F.to_tensor)))
         self.record.redirect(F.pil_to_tensor, pil_backend.pil_to_tensor_with_kernel(stock_copy(F.pil_to_tensor)))
         self.record.redirect(F.gaussian_blur, pil_backend.gaussian_blur_with_kernel(stock_copy(F.gaussian_blur)))
-        self.record.wrap(module.Compose, "__call__", compose_call.call_by_plan)
+        self.record.wrap(module.Compose, "__call__", lazy_samples.call_by_plan)
 
     def _revert(self) -> None:
         from ..vision.kernels import opencv

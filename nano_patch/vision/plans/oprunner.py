@@ -230,16 +230,17 @@ def run_file(job: NativeRun, path: Any, size: tuple[int, int]) -> Any:
 DECODED = {True: "JPEG window decoded by libjpeg-turbo (crop region)", False: "JPEG decoded by libjpeg-turbo"}
 
 
-def run_jpeg(job: NativeRun, data: bytes, size: tuple[int, int], path: Any) -> Any:
+def run_jpeg(job: NativeRun, data: bytes, size: tuple[int, int], path: Any, *, check_rest: bool = True) -> Any:
     """``job`` on a JPEG not decoded yet: its first crop decoded alone where it can be (as ``pixels.JpegPixels``),
-    else the whole file decoded first."""
+    else the whole file decoded first. ``check_rest=False``: the rows below the crop are not decoded to check the
+    stream (``native_kernels.decode_jpeg_region``; for bytes whose markers were checked to the end of the image)."""
     from ..images import decode
 
     first = job.records[0] if job.records else None
     if first is not None and first[0] == OP_CROP:
         _, top, left, height, width = first[:5]
         try:
-            region = native_kernels.decode_jpeg_region(data, top, left, height, width)
+            region = native_kernels.decode_jpeg_region(data, top, left, height, width, check_rest=check_rest)
         except (native.NativeUnavailable, native_kernels.JpegRegionError):
             pass  # the whole file, as without crop decoding: its own rules, its own errors
         else:

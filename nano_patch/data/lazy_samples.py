@@ -1,0 +1,420 @@
+"""A user's own dataset: its lazy JPEG images through a patched ``Compose``, their pixel work deferred to the batch.
+
+``Image.open(...).convert("RGB")`` in a user's ``__getitem__`` gives a lazy image (``vision/images/lazy_jpeg.py``).
+Where a stock ``Compose`` whose plan starts with a crop is called on it (:func:`call_by_plan`):
+
+- **one sample** (no batch is being fetched in this thread): the crop is drawn from the size, as stock draws it,
+  and only its window is decoded (``compose_plan.JpegPixels``), the rest of the plan on the kernels;
+- **in a batch** (the DataLoader's fetch of a map-style dataset whose ``__getitem__`` is the user's:
+  :func:`fetched`): the plan's draws are made at once, in the user's ``__getitem__``, in stock's order and from
+  the generators stock draws from, and the call returns the sample's tensor with its pixels not yet written.
+  The batch's samples are rendered together at the end of the fetch, on the loader's threads (``loader_threads``;
+  one in a worker process), before anything else sees the batch. While the fetch runs, a torch function mode in
+  the fetching thread sees every torch operation: one that reads a tensor not rendered yet renders that sample
+  first, in that thread (user code that looks at its sample inside ``__getitem__`` sees stock's values).
+
+A decode that fails (a stream libjpeg-turbo's strict decode refuses) falls back to PIL's full decode of the same
+bytes, and the same draws, so the pixels stay stock's. Everything else (another first step, another output, a
+``Compose`` the plan does not know, an image that was read) is the patched ``Compose``'s ordinary call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .. import config, report
+from ..vision.images import lazy_jpeg
+from ..vision.images.image import plain
+from ..vision.kernels import native, torch_draws
+from ..vision.plans import compose_call, compose_plan, draw_program, oprunner
+from ..vision.plans.thread_setting import ThreadSetting
+from . import collate, generator_states, loader_threads, render_pool, thread_modes
+
+_NOT_TAKEN = object()
+#: The op runner's table dtypes as torch's (the tensor a ToTensor tail makes has the table's dtype).
+_TORCH_DTYPES: dict[type, Any] = {}
+#: The batch this thread is fetching, whose samples' pixel work waits (:func:`deferring`), or None.
+_sink: ThreadSetting[Any] = ThreadSetting(None)
+REPORT_KEY = lazy_jpeg.REPORT_KEY
+
+
+def call_by_plan(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """v1's ``Compose.__call__`` wrapper: a lazy image the plan can crop before decoding runs here; everything
+    else is ``compose_call.call_by_plan``'s."""
+    if len(args) == 1 and not kwargs:
+        pending = lazy_jpeg.pending_of(args[0])
+        if pending is not None:
+            out = _run_lazy(instance, args[0], pending)
+            if out is not _NOT_TAKEN:
+                return out
+    return compose_call.call_by_plan(wrapped, instance, args, kwargs)
+
+
+def check_kernels() -> None:
+    """Check the kernels a lazy image's path uses, once (before worker processes fork: they inherit the verdicts
+    instead of each checking them again), where lazy images and the patched transforms are on."""
+    if config.current().lazy_images and compose_call.active():
+        native.check_all()  # (the op runner's records need most of them: 0.15 s once per process, checked here)
+
+
+def _run_lazy(compose: Any, img: Any, pending: lazy_jpeg.PendingDecode) -> Any:
+    plan = compose_plan.plan_for(compose)
+    if not plan.crop_first or not native.available("crop_decode"):
+        return _NOT_TAKEN
+    uint8 = compose_call.uint8_tail(compose) is not None
+    sink = _sink.get()
+    if sink is not None and not uint8:
+        out = _defer(sink, compose, pending)
+        if out is not _NOT_TAKEN:
+            return out
+    beyond = compose_plan.draws_from_python(compose)
+    states = generator_states.take(beyond)
+    px = compose_plan.JpegPixels(pending.data, pending.hw, pending.path)
+    px.info = img.info
+    try:
+        out = compose_call.run_compose(compose, px)
+    except compose_plan.DecodeFailed:
+        generator_states.put_back(states)  # stock's own path on the image: PIL's decode, the same draws again
+        return _NOT_TAKEN
+    if report.stats is not None:
+        report.count(REPORT_KEY, True, "lazy image: crop-region decode in the transform")
+    return plain(out)
+
+
+def _defer(sink: _Batch, compose: Any, pending: lazy_jpeg.PendingDecode) -> Any:
+    """The sample's draws now, its tensor with the render to come at the end of the batch; or not taken (nothing
+    drawn: the generators are where they were)."""
+    import torch
+
+    with torch._C.DisableTorchFunction():  # the draws' own torch calls: not the batch's mode
+        job: Any = _drawn_natively(sink, compose, pending.hw)
+        if job is None:
+            beyond = compose_plan.draws_from_python(compose)
+            states = generator_states.take(beyond)
+            try:
+                recording = compose_call.run_compose(compose, compose_plan.Recording(pending.hw))
+            except compose_plan.NotSplittable as exc:
+                generator_states.put_back(states)
+                if report.stats is not None:
+                    report.count(REPORT_KEY, False, f"sample rendered in __getitem__: {exc}")
+                return _NOT_TAKEN
+            job = oprunner.prepare(recording) if isinstance(recording, compose_plan.Recording) else "no tensor"
+        deferrable = not isinstance(job, str) and job.planes and job.table is not None and job.table.shape[0] == 3
+        if deferrable:
+            h, w, _ = job.shape
+            dtype = _TORCH_DTYPES.get(job.table.dtype.type)
+            if dtype is None:
+                dtype = _TORCH_DTYPES[job.table.dtype.type] = torch.from_numpy(job.table[:0]).dtype
+            tensor = torch.empty((3, h, w), dtype=dtype)
+            job.flat, job.offset, job.slot_tensor = tensor.numpy().reshape(-1), 0, tensor
+    if deferrable:
+        if not sink.add(tensor, job, pending):
+            _render(job, pending)
+        return tensor
+    # drawn, but not a three-channel float tensor: rendered here, from the same draws
+    if report.stats is not None:
+        why = job if isinstance(job, str) else "not a three-channel float tensor"
+        report.count(REPORT_KEY, False, f"sample rendered in __getitem__: {why}")
+    if isinstance(job, str):
+        return plain(_render_recording(recording, pending))
+    return _render(job, pending)
+
+
+def _drawn_natively(sink: _Batch, compose: Any, hw: tuple[int, int]) -> oprunner.NativeRun | None:
+    """The sample's native run, its draws made natively from a copy of torch's generator and handed back to it
+    (``draw_program``, as the batch path draws); None, torch's generator untouched, where the plan's own draws must
+    run (a step the program does not know, a draw it gives back, another thread drawing meanwhile)."""
+    bound = sink.program_for(compose)
+    if bound is None:
+        return None
+    draws, program = bound
+    run = program.draw(hw)
+    if run is None or not draws.to_torch_unless_moved():
+        return None
+    if report.stats is not None:
+        report.stats.count_many(dict.fromkeys(program.report_counts(), 1))
+    return run
+
+
+class _Bound:
+    """A Compose's draw program, bound once per batch (its steps read the transforms' parameters then), with what
+    it was bound to: used again for the batch's next sample only where nothing it read has changed since (user code
+    runs between the samples: a changed parameter, list of transforms or default dtype binds it again)."""
+
+    __slots__ = ("compose", "items", "snapshot", "dtype", "draws", "program")
+
+    def __init__(self, compose: Any, draws: Any, program: Any) -> None:
+        import torch
+
+        self.compose, self.draws, self.program = compose, draws, program
+        self.items = list(compose.transforms)
+        self.snapshot = [copy.deepcopy(vars(t)) for t in self.items]
+        self.dtype = torch.get_default_dtype()
+
+    def still(self, compose: Any) -> bool:
+        import torch
+
+        items = compose.transforms
+        if compose is not self.compose or len(items) != len(self.items) or torch.get_default_dtype() != self.dtype:
+            return False
+        try:
+            return all(t is u and vars(t) == snap for t, u, snap in zip(items, self.items, self.snapshot))
+        except Exception:  # noqa: BLE001 - a value that does not compare (a tensor): bind again
+            return False
+
+
+def _render_recording(recording: Any, pending: lazy_jpeg.PendingDecode) -> Any:
+    px = compose_plan.JpegPixels(pending.data, pending.hw, pending.path)
+    try:
+        return compose_plan.render(recording, px)
+    except compose_plan.DecodeFailed:
+        return compose_plan.render(recording, compose_plan.Pixels(_decoded(pending)))
+
+
+def _decoded(pending: lazy_jpeg.PendingDecode) -> np.ndarray:
+    """PIL's decode of the bytes (stock's pixels, or stock's error), as an H x W x 3 array."""
+    from PIL import Image
+
+    img = Image.Image()._new(pending.core())
+    return np.asarray(img)
+
+
+def _render(job: oprunner.NativeRun, pending: lazy_jpeg.PendingDecode) -> Any:
+    """The sample's tensor, its pixels written (into its slot, where it has one): the crop's window decoded, else
+    PIL's full decode of the bytes."""
+    try:
+        # (its markers were checked to the end of the image at convert: damage below the crop, which a strict
+        # decode of the rest would find, leaves the crop's pixels as PIL's decode makes them)
+        return oprunner.run_jpeg(job, pending.data, pending.hw, pending.path, check_rest=False)
+    except Exception:  # noqa: BLE001 - a stream the strict decoders refuse: PIL decides, as stock's load
+        pass
+    return oprunner.run(job, _decoded(pending))
+
+
+class _Batch:
+    """The samples of one fetch whose pixels wait, by their tensors; the torch function mode that watches them is
+    entered with the first (a fetch whose samples never wait pays nothing per torch call)."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[int, tuple[Any, oprunner.NativeRun, lazy_jpeg.PendingDecode]] = {}
+        self.lock = threading.Lock()
+        #: the batch's draw programs by Compose (:meth:`program_for`), and what their tails share
+        self.programs: dict[int, _Bound] = {}
+        self.shared: dict[Any, Any] = {}
+        self.mode: Any = None
+        #: torch's function-mode stack depth when the fetch began: a mode of the user's entered since (inside their
+        #: ``__getitem__``) would be popped by ours, so no sample waits then
+        self.depth = _mode_depth()
+
+    def program_for(self, compose: Any) -> tuple[Any, Any] | None:
+        """``compose``'s draw program for this batch's next sample, its generator copy taken from torch's now; None
+        where the plan's own draws run."""
+        if not native.available("torch_draws"):
+            return None
+        bound = self.programs.get(id(compose))
+        if bound is not None and bound.still(compose):
+            bound.draws.from_torch()
+            bound.program.resync()
+            return bound.draws, bound.program
+        self.shared.clear()  # (a tail's table shared under its plan's Tail: a Normalize changed makes it again)
+        draws = torch_draws.start(native.kernel("torch_draws"))
+        program = draw_program.bind(compose, draws, self.shared) if draws is not None else None
+        if program is None:
+            return None
+        try:
+            self.programs[id(compose)] = _Bound(compose, draws, program)
+        except Exception:  # noqa: BLE001 - a transform whose state does not copy: bound for this sample only
+            self.programs.pop(id(compose), None)
+        return draws, program
+
+    def add(self, tensor: Any, job: oprunner.NativeRun, pending: lazy_jpeg.PendingDecode) -> bool:
+        """Let the sample wait (True), watched from now on; or False (the caller renders it now)."""
+        if self.mode is None:
+            if _mode_depth() != self.depth:
+                return False
+            self.mode = _mode_cls(self)  # type: ignore[misc]
+            self.mode.__enter__()
+        with self.lock:
+            self.waiting[id(tensor)] = (tensor, job, pending)
+        return True
+
+    def stop_watching(self) -> None:
+        mode, self.mode = self.mode, None
+        if mode is not None and _mode_depth() == self.depth + 1:
+            mode.__exit__(None, None, None)
+
+    def render_now(self, tensors: list[Any]) -> None:
+        """Render these waiting samples in this thread (a torch operation reads them)."""
+        for t in tensors:
+            with self.lock:
+                entry = self.waiting.pop(id(t), None)
+            if entry is not None:
+                _render(entry[1], entry[2])
+
+    def finish(self, n_threads: int, data: Any = None) -> None:
+        """Render every waiting sample, on ``n_threads`` threads, into one batch tensor where ``data`` (the fetched
+        samples) allows (:meth:`_into_batch`); a sample's error is raised once all are done."""
+        with self.lock:
+            entries = list(self.waiting.values())
+            whole = self._into_batch(data, entries) if data is not None else None
+            self.waiting.clear()
+        if not entries:
+            return
+        parallel = n_threads > 1 and len(entries) > 1
+        outcomes = render_pool.map_outcomes(lambda e: _render(e[1], e[2]), entries, n_threads if parallel else 1,
+                                            thread_modes.capture() if parallel else None)
+        for ok, error in outcomes:
+            if not ok:
+                raise error
+        if whole is not None:
+            collate.hand_over(*whole)
+        if report.stats is not None:
+            where = "into the batch tensor" if whole is not None else "into each sample"
+            report.count(REPORT_KEY, True, f"lazy image: pixel work deferred to the batch, on {n_threads} threads, "
+                                           f"{where}")
+
+    def _into_batch(self, data: Any, entries: list[Any]) -> tuple[Any, tuple[Any, ...]] | None:
+        """Where every sample is a ``(tensor, int)`` tuple or a dict holding one waiting tensor, and nothing but the
+        fetched list holds the samples and their tensors (so nothing of the user's can see the change): the samples
+        become the slots of one batch tensor, which ``default_collate`` then takes as it is (``data/collate.py``),
+        as the batch path renders ImageFolder's batches. The batch tensor and its slots, or None (nothing changed)."""
+        if type(data) is not list or len(data) != len(entries) or not data:
+            return None
+        waiting = self.waiting
+        places: list[Any] = []
+        for sample in data:
+            if type(sample) is tuple and len(sample) == 2:
+                key: Any = 0
+            elif type(sample) is dict:
+                keys = [k for k, v in sample.items() if id(v) in waiting]
+                if len(keys) != 1:
+                    return None
+                key = keys[0]
+            else:
+                return None
+            t = sample[key]
+            entry = waiting.get(id(t))
+            # held by the fetched list, the waiting entry and its job, and here: nothing of the user's
+            if entry is None or entry[0] is not t or _references(sample, t) != _UNSHARED:
+                return None
+            places.append((key, entry[1]))
+        jobs = [job for _, job in places]
+        base = oprunner.batch_tensor(jobs)
+        if base is None:
+            return None
+        slots = tuple(job.slot_tensor for job in jobs)
+        for k, (key, _) in enumerate(places):
+            sample = data[k]
+            if key == 0 and type(sample) is tuple:
+                data[k] = (slots[k], sample[1])
+            else:
+                sample[key] = slots[k]
+        return base, slots
+
+
+def _references(sample: Any, t: Any) -> tuple[int, int]:
+    return sys.getrefcount(sample), sys.getrefcount(t)
+
+
+def _unshared() -> tuple[int, int]:
+    """:func:`_references` of a sample and its tensor held only as :meth:`_Batch._into_batch` finds them held where
+    nothing of the user's holds them (measured, not assumed: the count a local or an argument adds differs between
+    Python versions)."""
+    t = object()
+    job = oprunner.NativeRun((), 0, None, (0, 0, 0), slot_tensor=t)
+    entry = (t, job, None)
+    data = [(t, 0)]
+    for sample in data:
+        t = sample[0]
+        return _references(sample, t) if entry[0] is t else (0, 0)
+    return 0, 0
+
+
+_UNSHARED = _unshared()
+
+
+def _mode_depth() -> int:
+    import torch
+
+    return torch._C._len_torch_function_stack()
+
+
+def _waiting_in(batch: _Batch, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> list[Any]:
+    """The waiting tensors among a torch call's arguments (one level of lists, tuples and dicts)."""
+    waiting = batch.waiting
+    found = []
+    for a in (*args, *(kwargs.values() if kwargs else ())):
+        if id(a) in waiting:
+            found.append(a)
+        elif type(a) in (list, tuple):
+            found.extend(x for x in a if id(x) in waiting)
+        elif type(a) is dict:
+            found.extend(x for x in a.values() if id(x) in waiting)
+    return found
+
+
+def _metadata_calls() -> frozenset[Any]:
+    import torch
+
+    T = torch.Tensor
+    getters = [getattr(T, n).__get__ for n in ("shape", "dtype", "device", "ndim", "requires_grad", "is_cuda",
+                                                "layout", "is_sparse", "is_quantized", "is_meta", "grad_fn")]
+    return frozenset([*getters, T.size, T.dim, T.numel, T.nelement, T.stride, T.is_contiguous, T.element_size,
+                      T.is_floating_point, T.is_complex, T.__len__])
+
+
+_METADATA: frozenset[Any] | None = None
+
+
+def _mode_class() -> type:
+    from torch.overrides import TorchFunctionMode
+
+    class RenderOnRead(TorchFunctionMode):
+        """While a batch is fetched: a torch call that reads a waiting sample renders it first."""
+
+        def __init__(self, batch: _Batch) -> None:
+            super().__init__()
+            self.batch = batch
+
+        def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                               kwargs: dict[str, Any] | None = None) -> Any:
+            if self.batch.waiting and func not in _METADATA:  # type: ignore[operator]
+                found = _waiting_in(self.batch, args, kwargs)
+                if found:
+                    self.batch.render_now(found)
+            return func(*args, **(kwargs or {}))
+
+    return RenderOnRead
+
+
+_mode_cls: type | None = None
+
+
+def fetched(load: Callable[[], Any]) -> Any:
+    """``load()`` (the fetch's call of the user's ``__getitem__`` or ``__getitems__``), with lazy images' pixel work
+    waiting until it returns, then rendered on the loader's threads (also when it raises: a sample the user kept is
+    whole)."""
+    global _METADATA, _mode_cls
+    if _sink.get() is not None or not config.current().lazy_images or not loader_threads.batch_path_on():
+        return load()
+    if _mode_cls is None:
+        _METADATA, _mode_cls = _metadata_calls(), _mode_class()
+    batch = _Batch()
+    with _sink.set(batch):
+        try:
+            data = load()
+        except BaseException:
+            batch.stop_watching()
+            with contextlib.suppress(Exception):
+                batch.finish(1)
+            raise
+        batch.stop_watching()
+    batch.finish(loader_threads.threads(), data)
+    return data

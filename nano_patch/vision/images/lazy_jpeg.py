@@ -1,0 +1,274 @@
+"""Lazy JPEG images: ``Image.open(...).convert("RGB")`` whose pixels are decoded only when something reads them.
+
+Under the patch, ``convert("RGB")`` of a plain JPEG that ``Image.open`` has just opened (by path or over a file
+object) reads the file's bytes, as stock's ``load`` would, and returns an ordinary ``PIL.Image.Image`` whose core
+(``Image._im``) is a :class:`PendingDecode` holding those bytes. Every PIL route to the pixels goes through the
+``Image.im`` property (``load``, ``tobytes``, ``copy``, ``np.asarray``, pickling, every operation), which the patch
+extends (:func:`image_core`): the first such access decodes the bytes with PIL's own JPEG decoder, exactly as
+stock's ``load`` would have, and from then on the image holds that core. Only code that can prove equal pixels
+without PIL (a patched ``Compose`` whose first step is a crop: ``data/lazy_samples.py``) reads the bytes instead,
+decoding only the crop's window.
+
+What user code can see is stock's: the class is exactly ``PIL.Image.Image``, there is no ``filename``, ``format``
+is None, ``readonly`` is 0, ``info`` is the file's, copied as stock's ``convert`` copies it; the opened image is
+left loaded (its file closed where PIL opened it); the pixels are those of the bytes read at ``convert``, whatever
+happens to the file later. Anything that is not a plain, whole baseline or progressive 8-bit JPEG in RGB or grey
+(CMYK, 12-bit, arithmetic coding, lossless, a truncated or damaged stream, a draft, a stream with markers PIL's
+decoder could refuse) keeps stock's ``convert``, and so stock's image, warnings and errors, at stock's line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+import weakref
+from typing import Any
+
+from PIL import Image, ImageFile
+
+from ... import report
+from . import decode
+
+#: The run report's section (the patch's name).
+REPORT_KEY = "pil_images"
+#: PIL's read size when it loads a file: where stock's ``load`` leaves a file object's position.
+_MAX_BLOCK = ImageFile.MAXBLOCK
+#: SOF markers whose streams this takes: baseline, extended sequential and progressive, Huffman-coded.
+_SOF_TAKEN = frozenset((0xC0, 0xC1, 0xC2))
+#: Markers allowed after the first scan: DHT, DQT, DRI, SOS, EOI, APPn and COM (restart markers are not found).
+_AFTER_SCAN = frozenset((0xC4, 0xDB, 0xDD, 0xDA, 0xD9, *range(0xE0, 0xF0), 0xFE))
+#: A marker inside entropy-coded data: 0xFF followed by neither a stuffed 0x00, a restart marker nor a fill byte.
+_MARKER = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")
+
+
+class PendingDecode:
+    """Stands in ``Image._im`` for a lazy image until its pixels are read: the JPEG's bytes, read at ``convert``."""
+
+    __slots__ = ("data", "size", "source_mode", "mode", "path", "args", "truncated_ok", "_core", "_lock")
+
+    #: PIL reads ``_im.readonly`` (``Image.readonly``): a decoded image is writable
+    readonly = 0
+
+    def __init__(self, data: bytes, size: tuple[int, int], source_mode: str, mode: str, path: Any,
+                 args: tuple[Any, ...], truncated_ok: bool) -> None:
+        self.data, self.size = data, size  # size: PIL's (width, height)
+        self.source_mode, self.mode, self.path, self.args = source_mode, mode, path, args
+        self.truncated_ok = truncated_ok
+        self._core: Any = None
+        self._lock = threading.Lock()
+
+    def __bool__(self) -> bool:
+        return True
+
+    @property
+    def hw(self) -> tuple[int, int]:
+        return self.size[1], self.size[0]
+
+    def core(self) -> Any:
+        """The decoded core, made once (PIL's JPEG decoder on the bytes, as stock's ``load``, then its ``convert``)."""
+        core = self._core
+        if core is None:
+            with self._lock:
+                core = self._core
+                if core is None:
+                    core = self._core = _decode(self)
+        return core
+
+
+def _decode(p: PendingDecode) -> Any:
+    """What stock's ``load`` then ``convert`` make of the bytes: ``ImageFile.load``'s decode, fed at once."""
+    core = Image.core.new(p.source_mode, p.size)
+    decoder = Image._getdecoder(p.source_mode, "jpeg", p.args, ())
+    try:
+        decoder.setimage(core, (0, 0, *p.size))
+        n, err_code = decoder.decode(p.data)
+        if n >= 0:  # the stream ended before the image: as stock's load at the end of the file
+            if not p.truncated_ok:
+                raise OSError(f"image file is truncated ({len(p.data)} bytes not processed)")
+            n, err_code = decoder.decode(b"\xff\xd9")
+    finally:
+        decoder.cleanup()
+    if not p.truncated_ok and err_code < 0:
+        raise ImageFile._get_oserror(err_code, encoder=False)
+    if p.mode != p.source_mode:
+        core = core.convert(p.mode, Image.Dither.FLOYDSTEINBERG)
+    return core
+
+
+#: The lazy images alive, so that the patch's revert can decode them: PIL's own ``Image.im`` reads no pending decode.
+#: (PIL images are unhashable: by id, each entry dropped with its image.)
+_live: dict[int, weakref.ref[Image.Image]] = {}
+_live_lock = threading.Lock()
+
+
+def _keep_track(img: Image.Image) -> None:
+    key = id(img)
+    with _live_lock:
+        _live[key] = weakref.ref(img, lambda _ref: _live.pop(key, None))
+
+
+def decode_all() -> None:
+    """Decode every lazy image still alive (the patch is being reverted: PIL's own code takes over their pixels)."""
+    with _live_lock:
+        images = [ref() for ref in _live.values()]
+        _live.clear()
+    for img in images:
+        if img is not None and type(img.__dict__.get("_im")) is PendingDecode:
+            with contextlib.suppress(Exception):  # (stock's error, raised where its pixels are read)
+                image_core(img)
+
+
+def pending_of(img: Any) -> PendingDecode | None:
+    """The pending decode of a lazy RGB image whose pixels nothing has read yet, else None."""
+    if type(img) is not Image.Image:
+        return None
+    p = img.__dict__.get("_im")
+    if type(p) is not PendingDecode or p._core is not None or img.__dict__.get("_mode") != "RGB":
+        return None
+    return p
+
+
+def image_core(img: Image.Image) -> Any:
+    """``Image.im`` under the patch: stock's, a pending decode made first."""
+    im = img._im
+    if type(im) is PendingDecode:
+        im = img._im = im.core()
+    elif isinstance(im, Image.DeferredError):
+        raise im.ex
+    assert im is not None
+    return im
+
+
+def _takes(img: Any, mode: Any, matrix: Any) -> bool:
+    """A plain JPEG ``Image.open`` has just opened, converted to RGB, nothing of it loaded or changed yet."""
+    from PIL import JpegImagePlugin
+
+    if type(img) is not JpegImagePlugin.JpegImageFile or mode != "RGB" or matrix:
+        return False
+    d = img.__dict__
+    if d.get("_im") is not None or img.mode not in ("RGB", "L") or img.palette or img.fp is None:
+        return False
+    if d.get("decoderconfig") or "_ended" in d or d.get("map") is not None or "transparency" in img.info:
+        return False
+    tile = img.tile
+    if len(tile) != 1:
+        return False
+    name, extents, offset, args = tile[0]
+    return name == "jpeg" and tuple(extents) == (0, 0, *img.size) and offset == 0 and tuple(args) == (img.mode, "")
+
+
+def plain_stream(data: bytes, size: tuple[int, int], mode: str) -> int:
+    """Where the end-of-image marker ends, in a whole, 8-bit, Huffman-coded baseline or progressive JPEG of this
+    (width, height) and colour whose markers after its first scan are all ones its decoder takes (PIL decodes it
+    with no error, and libjpeg-turbo's strict decode of it is PIL's); else 0."""
+    header = decode._jpeg_header(data)
+    if header is None or (header[1], header[0]) != size or header[2] != ("Gray" if mode == "L" else "YCbCr"):
+        return 0
+    sos = data.find(b"\xff\xda", 2)
+    if sos < 0 or not _frame_taken(data, sos):
+        return 0
+    i = sos  # at a marker with a length (a scan, or a table between scans): its segment skipped, not searched
+    while True:
+        if i + 4 > len(data) or (data[i + 1] == 0xDA and not _scan_taken(data, i)):
+            return 0
+        m = _MARKER.search(data, i + 2 + ((data[i + 2] << 8) | data[i + 3]))
+        if m is None:
+            return 0  # no end of image: truncated
+        i = m.start()
+        code = data[i + 1]
+        if code == 0xD9:
+            return i + 2
+        if code not in _AFTER_SCAN:
+            return 0
+
+
+def _frame_taken(data: bytes, sos: int) -> bool:
+    """The frame header before the first scan is one of :data:`_SOF_TAKEN`, 8-bit."""
+    i = 2
+    while i + 4 <= sos:
+        if data[i] != 0xFF:
+            return False
+        code = data[i + 1]
+        if code == 0xFF:
+            i += 1
+            continue
+        if 0xC0 <= code <= 0xCF and code not in (0xC4, 0xC8, 0xCC):
+            return code in _SOF_TAKEN and i + 4 < len(data) and data[i + 4] == 8
+        i += 2 + ((data[i + 2] << 8) | data[i + 3])
+    return False
+
+
+def _scan_taken(data: bytes, at: int) -> bool:
+    """A later scan's header whose parameters libjpeg takes without a fatal error."""
+    if at + 5 > len(data):
+        return False
+    length = (data[at + 2] << 8) | data[at + 3]
+    ns = data[at + 4]
+    if not 1 <= ns <= 4 or length != 6 + 2 * ns or at + 2 + length > len(data):
+        return False
+    ss, se, a = data[at + 5 + 2 * ns], data[at + 6 + 2 * ns], data[at + 7 + 2 * ns]
+    return ss <= se <= 63 and (a >> 4) <= 13 and (a & 15) <= 13
+
+
+def _position_after_load(data: bytes, end: int) -> int:
+    """Where stock's ``load`` leaves the file: it reads in PIL's blocks until the decoder has the image's ``end``."""
+    blocks = -(-end // _MAX_BLOCK)
+    return min(len(data), blocks * _MAX_BLOCK)
+
+
+def convert_lazily(img: Any, mode: Any, matrix: Any) -> Image.Image | None:
+    """Stock's ``img.convert(mode, matrix)`` as a lazy image where :func:`_takes` and :func:`plain_stream` allow,
+    with the opened image left as stock's ``load`` leaves it; None (nothing read, or the file object put back where
+    it was) where stock's own ``convert`` must run."""
+    if not _takes(img, mode, matrix):
+        return None
+    fp = img.fp
+    try:
+        where = fp.tell()
+        fp.seek(0)
+        data = fp.read()
+    except Exception:  # noqa: BLE001 - stock's load reads the file and meets its error itself
+        with contextlib.suppress(Exception):
+            fp.seek(where)
+        return None
+    end = plain_stream(data, img.size, img.mode) if type(data) is bytes else 0
+    if not end:
+        fp.seek(where)
+        return None
+    truncated_ok = bool(ImageFile.LOAD_TRUNCATED_IMAGES)
+    path = getattr(img, "filename", None) or None
+    args = tuple(img.tile[0][3])
+    # the opened image, as stock's load leaves it: loaded (its pixels pending too), its file done with
+    fp.seek(_position_after_load(data, end))
+    img.map = None
+    img._im = PendingDecode(data, img.size, img.mode, img.mode, path, args, truncated_ok)
+    img.tile = []
+    img.readonly = 0
+    if img._exclusive_fp and img._close_exclusive_fp_after_loading:
+        fp.close()
+    img.fp = None
+    # stock's result: a new image over the decode (copied, or converted from grey), the file's info copied
+    out = Image.Image()
+    out._im = PendingDecode(data, img.size, img.mode, "RGB", path, args, truncated_ok)
+    out._mode = "RGB"
+    out._size = img.size
+    out.info = img._copy_info()
+    _keep_track(img)
+    _keep_track(out)
+    return out
+
+
+def lazy_convert(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``Image.convert``'s wrapper: :func:`convert_lazily` where it takes the call, else stock's ``convert``."""
+    if instance is not None and (args or kwargs) and len(args) <= 2 and kwargs.keys() <= {"mode", "matrix"}:
+        out = convert_lazily(instance, args[0] if args else kwargs.get("mode"),
+                             args[1] if len(args) > 1 else kwargs.get("matrix"))
+        if out is not None:
+            if report.stats is not None:
+                report.count(REPORT_KEY, True, "JPEG converted lazily (decoded where its pixels are read)")
+            return out
+        if report.stats is not None and type(instance).__name__ == "JpegImageFile":
+            report.count(REPORT_KEY, False, "convert of a JPEG that is not a plain, whole RGB/grey one (or was "
+                                            "loaded): PIL's own")
+    return wrapped(*args, **kwargs)
