@@ -48,6 +48,7 @@ FLAG_VALUES = {
     "cache_dir": (["--cache-dir", "/tmp/some cache"], "/tmp/some cache"),
     "loader_threads": (["--loader-threads", "3"], 3),
     "virtual_workers": (["--no-virtual-workers"], False),
+    "lazy_images": (["--no-lazy-images"], False),
 }
 
 

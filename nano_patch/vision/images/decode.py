@@ -221,7 +221,7 @@ def read_bytes(path: str | os.PathLike[str]) -> bytes:
         return f.read()
 
 
-def _jpeg_header(data: bytes) -> tuple[int, int, str] | None:
+def jpeg_header(data: bytes) -> tuple[int, int, str] | None:
     """(height, width, colorspace) of a JPEG that libjpeg-turbo decodes like PIL ("YCbCr" or "Gray")."""
     sj = _simplejpeg()
     if sj is None or not data.startswith(_JPEG_SOI):
@@ -237,7 +237,7 @@ def _jpeg_header(data: bytes) -> tuple[int, int, str] | None:
 
 def jpeg_size(data: bytes) -> tuple[int, int] | None:
     """(height, width) of a JPEG that simplejpeg can decode to RGB, else None."""
-    header = _jpeg_header(data)
+    header = jpeg_header(data)
     return None if header is None else header[:2]
 
 
@@ -317,7 +317,7 @@ def decode_jpeg_native(path: str | os.PathLike[str], *, checked: bool = False) -
     grayscale ("L"), HxWx3 for colour ("RGB"). None for anything else (CMYK, other formats, damage):
     the caller then opens the file with PIL as stock does. ``checked``: as :func:`decode_rgb`."""
     data = read_bytes(path)
-    header = _jpeg_header(data)
+    header = jpeg_header(data)
     arr = None
     if header is not None and (checked or check_open(data, header[0], header[1], path=path)):
         gray = header[2] == "Gray"

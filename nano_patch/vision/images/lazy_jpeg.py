@@ -162,7 +162,7 @@ def plain_stream(data: bytes, size: tuple[int, int], mode: str) -> int:
     """Where the end-of-image marker ends, in a whole, 8-bit, Huffman-coded baseline or progressive JPEG of this
     (width, height) and colour whose markers after its first scan are all ones its decoder takes (PIL decodes it
     with no error, and libjpeg-turbo's strict decode of it is PIL's); else 0."""
-    header = decode._jpeg_header(data)
+    header = decode.jpeg_header(data)
     if header is None or (header[1], header[0]) != size or header[2] != ("Gray" if mode == "L" else "YCbCr"):
         return 0
     sos = data.find(b"\xff\xda", 2)
