@@ -843,3 +843,48 @@ def test_threads_reading_one_lazy_image_all_see_stocks_pixels(kind_files):
         for t in threads:
             t.join()
         assert all(g == stock for g in got)
+
+
+# --- an opened JPEG handed to a Compose as it is (no convert) ------------------------------------------------------
+
+
+def _opened_batches(files: list[Path]) -> tuple[list, list, list, torch.Tensor]:
+    """A user's dataset that hands ``Image.open(path)`` to a Compose as it is, one epoch at num_workers=0: its batches,
+    what it saw of each opened image afterwards, and torch's generator after the epoch."""
+    import torchvision.transforms as T
+    from torch.utils.data import DataLoader, Dataset
+
+    tf = T.Compose([T.RandomResizedCrop(48), T.RandomHorizontalFlip(), T.ColorJitter(0.2, 0.2, 0.2), T.ToTensor(),
+                    T.Normalize([0.5, 0.5, 0.5], [0.2, 0.2, 0.2])])
+    seen: list = []
+    pending: list = []
+
+    class Opened(Dataset):
+        def __len__(self) -> int:
+            return len(files)
+
+        def __getitem__(self, i: int):
+            img = Image.open(files[i])
+            x = tf(img)
+            pending.append(type(vars(img).get("_im")).__name__)
+            seen.append((img.fp is None, img.tile, img.size, img.tobytes()))
+            return x, i
+
+    torch.manual_seed(0)
+    batches = [b for b in DataLoader(Opened(), batch_size=4, shuffle=True)]
+    return batches, seen, pending, torch.get_rng_state()
+
+
+def test_an_opened_jpeg_handed_to_a_compose_loads_lazily_as_stock_loads_it(kind_files):
+    files = [kind_files[k] for k in ("baseline", "progressive", "optimized", "exif6", "png")
+             if k in kind_files] * 2
+    stock, stock_seen, _, stock_rng = _opened_batches(files)
+    _patch()
+    mine, mine_seen, pending, mine_rng = _opened_batches(files)
+    assert len(mine) == len(stock)
+    for (x, y), (u, v) in zip(mine, stock):
+        assert torch.equal(x, u) and torch.equal(y, v)
+    assert mine_seen == stock_seen
+    assert torch.equal(mine_rng, stock_rng)
+    # the RGB JPEGs were loaded lazily (their cores pending when the transform returned), the others by PIL
+    assert pending.count("PendingDecode") >= 4, pending

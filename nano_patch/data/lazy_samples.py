@@ -50,6 +50,8 @@ def call_by_plan(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dic
     else is ``compose_call.call_by_plan``'s."""
     if len(args) == 1 and not kwargs:
         pending = lazy_jpeg.pending_of(args[0])
+        if pending is None and type(args[0]).__name__ == "JpegImageFile" and config.current().lazy_images:
+            pending = lazy_jpeg.load_lazily(args[0])  # an opened JPEG handed as it is: loaded as stock's transform
         if pending is not None:
             out = _run_lazy(instance, args[0], pending)
             if out is not _NOT_TAKEN:
@@ -277,8 +279,8 @@ class _Batch:
             collate.hand_over(*whole)
         if report.stats is not None:
             where = "into the batch tensor" if whole is not None else "into each sample"
-            report.count(REPORT_KEY, True, f"lazy image: pixel work deferred to the batch, on {n_threads} threads, "
-                                           f"{where}")
+            threads = f"{n_threads} thread{'s' if n_threads != 1 else ''}"
+            report.count(REPORT_KEY, True, f"lazy image: pixel work deferred to the batch, on {threads}, {where}")
 
     def _into_batch(self, data: Any, entries: list[Any]) -> tuple[Any, tuple[Any, ...]] | None:
         """Where every sample is a ``(tensor, int)`` tuple or a dict holding one waiting tensor, and nothing but the

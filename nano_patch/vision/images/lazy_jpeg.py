@@ -120,8 +120,9 @@ def decode_all() -> None:
 
 
 def pending_of(img: Any) -> PendingDecode | None:
-    """The pending decode of a lazy RGB image whose pixels nothing has read yet, else None."""
-    if type(img) is not Image.Image:
+    """The pending decode of a lazy RGB image whose pixels nothing has read yet (a converted one, or an opened JPEG
+    :func:`load_lazily` loaded), else None."""
+    if type(img) is not Image.Image and type(img).__name__ != "JpegImageFile":
         return None
     p = img.__dict__.get("_im")
     if type(p) is not PendingDecode or p._core is not None or img.__dict__.get("_mode") != "RGB":
@@ -140,11 +141,11 @@ def image_core(img: Image.Image) -> Any:
     return im
 
 
-def _takes(img: Any, mode: Any, matrix: Any) -> bool:
-    """A plain JPEG ``Image.open`` has just opened, converted to RGB, nothing of it loaded or changed yet."""
+def _takes(img: Any) -> bool:
+    """A plain JPEG ``Image.open`` has just opened, nothing of it loaded or changed yet."""
     from PIL import JpegImagePlugin
 
-    if type(img) is not JpegImagePlugin.JpegImageFile or mode != "RGB" or matrix:
+    if type(img) is not JpegImagePlugin.JpegImageFile:
         return False
     d = img.__dict__
     if d.get("_im") is not None or img.mode not in ("RGB", "L") or img.palette or img.fp is None:
@@ -221,8 +222,33 @@ def convert_lazily(img: Any, mode: Any, matrix: Any) -> Image.Image | None:
     """Stock's ``img.convert(mode, matrix)`` as a lazy image where :func:`_takes` and :func:`plain_stream` allow,
     with the opened image left as stock's ``load`` leaves it; None (nothing read, or the file object put back where
     it was) where stock's own ``convert`` must run."""
-    if not _takes(img, mode, matrix):
+    if mode != "RGB" or matrix or not _takes(img):
         return None
+    source = _load_lazily(img)
+    if source is None:
+        return None
+    # stock's result: a new image over the decode (copied, or converted from grey), the file's info copied
+    out = Image.Image()
+    out._im = PendingDecode(source.data, source.size, source.source_mode, "RGB", source.path, source.args,
+                            source.truncated_ok)
+    out._mode = "RGB"
+    out._size = img.size
+    out.info = img._copy_info()
+    _keep_track(out)
+    return out
+
+
+def load_lazily(img: Any) -> PendingDecode | None:
+    """For an RGB JPEG ``Image.open`` has just opened, handed as it is to a transform: the image loaded as stock's
+    ``load`` leaves it, its pixels pending (:func:`pending_of` then finds them); else None (nothing done)."""
+    if not _takes(img) or img.mode != "RGB":
+        return None
+    return _load_lazily(img)
+
+
+def _load_lazily(img: Any) -> PendingDecode | None:
+    """The opened image ``img`` loaded as stock's ``load`` leaves it (its file read and done with, ``tile`` empty),
+    its core a pending decode of the bytes read; None where they are not a plain stream (nothing changed)."""
     fp = img.fp
     try:
         where = fp.tell()
@@ -236,27 +262,18 @@ def convert_lazily(img: Any, mode: Any, matrix: Any) -> Image.Image | None:
     if not end:
         fp.seek(where)
         return None
-    truncated_ok = bool(ImageFile.LOAD_TRUNCATED_IMAGES)
-    path = getattr(img, "filename", None) or None
-    args = tuple(img.tile[0][3])
-    # the opened image, as stock's load leaves it: loaded (its pixels pending too), its file done with
+    pending = PendingDecode(data, img.size, img.mode, img.mode, getattr(img, "filename", None) or None,
+                            tuple(img.tile[0][3]), bool(ImageFile.LOAD_TRUNCATED_IMAGES))
     fp.seek(_position_after_load(data, end))
     img.map = None
-    img._im = PendingDecode(data, img.size, img.mode, img.mode, path, args, truncated_ok)
+    img._im = pending
     img.tile = []
     img.readonly = 0
     if img._exclusive_fp and img._close_exclusive_fp_after_loading:
         fp.close()
     img.fp = None
-    # stock's result: a new image over the decode (copied, or converted from grey), the file's info copied
-    out = Image.Image()
-    out._im = PendingDecode(data, img.size, img.mode, "RGB", path, args, truncated_ok)
-    out._mode = "RGB"
-    out._size = img.size
-    out.info = img._copy_info()
     _keep_track(img)
-    _keep_track(out)
-    return out
+    return pending
 
 
 def lazy_convert(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
