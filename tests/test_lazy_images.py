@@ -888,3 +888,17 @@ def test_an_opened_jpeg_handed_to_a_compose_loads_lazily_as_stock_loads_it(kind_
     assert torch.equal(mine_rng, stock_rng)
     # the RGB JPEGs were loaded lazily (their cores pending when the transform returned), the others by PIL
     assert pending.count("PendingDecode") >= 4, pending
+
+
+def test_a_jpeg_with_a_thumbnail_inside_an_app_segment_is_lazy_and_stocks():
+    """Photoshop's APP13 (and EXIF's APP1) can carry a JPEG thumbnail with markers of its own: the first scan is found
+    by walking the segments, not by searching the bytes."""
+    thumb = _encode(_photo(0).resize((64, 48)), format="JPEG", quality=80)
+    main = _KINDS["baseline"]
+    segment = b"Photoshop 3.0\x00" + thumb
+    data = main[:2] + b"\xff\xed" + (len(segment) + 2).to_bytes(2, "big") + segment + main[2:]
+    stock = Image.open(io.BytesIO(data)).convert("RGB")
+    _patch()
+    img = Image.open(io.BytesIO(data)).convert("RGB")
+    assert lazy_jpeg.pending_of(img) is not None
+    assert img == stock and img.tobytes() == stock.tobytes()

@@ -166,8 +166,8 @@ def plain_stream(data: bytes, size: tuple[int, int], mode: str) -> int:
     header = decode.jpeg_header(data)
     if header is None or (header[1], header[0]) != size or header[2] != ("Gray" if mode == "L" else "YCbCr"):
         return 0
-    sos = data.find(b"\xff\xda", 2)
-    if sos < 0 or not _frame_taken(data, sos):
+    sos = _first_scan(data)
+    if sos < 0:
         return 0
     i = sos  # at a marker with a length (a scan, or a table between scans): its segment skipped, not searched
     while True:
@@ -184,20 +184,25 @@ def plain_stream(data: bytes, size: tuple[int, int], mode: str) -> int:
             return 0
 
 
-def _frame_taken(data: bytes, sos: int) -> bool:
-    """The frame header before the first scan is one of :data:`_SOF_TAKEN`, 8-bit."""
-    i = 2
-    while i + 4 <= sos:
+def _first_scan(data: bytes) -> int:
+    """Where the first scan's marker is, found by walking the segments (a thumbnail inside an APPn segment has
+    markers of its own), after a frame header of :data:`_SOF_TAKEN`, 8-bit; -1 where there is none such."""
+    i, framed, n = 2, False, len(data)
+    while i + 4 <= n:
         if data[i] != 0xFF:
-            return False
+            return -1
         code = data[i + 1]
         if code == 0xFF:
             i += 1
             continue
+        if code == 0xDA:
+            return i if framed else -1
         if 0xC0 <= code <= 0xCF and code not in (0xC4, 0xC8, 0xCC):
-            return code in _SOF_TAKEN and i + 4 < len(data) and data[i + 4] == 8
+            if framed or code not in _SOF_TAKEN or data[i + 4] != 8:
+                return -1
+            framed = True
         i += 2 + ((data[i + 2] << 8) | data[i + 3])
-    return False
+    return -1
 
 
 def _scan_taken(data: bytes, at: int) -> bool:
