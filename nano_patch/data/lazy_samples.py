@@ -78,7 +78,7 @@ def _run_lazy(compose: Any, img: Any, pending: lazy_jpeg.PendingDecode) -> Any:
             return out
     beyond = compose_plan.draws_from_python(compose)
     states = generator_states.take(beyond)
-    px = compose_plan.JpegPixels(pending.data, pending.hw, pending.path)
+    px = compose_plan.JpegPixels(pending.data, pending.hw, None)
     px.info = img.info
     try:
         out = compose_call.run_compose(compose, px)
@@ -172,8 +172,12 @@ class _Bound:
             return False
 
 
+# The decoders below get no path: a strict decode that fails must not fall back to reading the file again (it may
+# have changed since ``convert`` read it); PIL's decode of the bytes read then decides (:func:`_decoded`).
+
+
 def _render_recording(recording: Any, pending: lazy_jpeg.PendingDecode) -> Any:
-    px = compose_plan.JpegPixels(pending.data, pending.hw, pending.path)
+    px = compose_plan.JpegPixels(pending.data, pending.hw, None)
     try:
         return compose_plan.render(recording, px)
     except compose_plan.DecodeFailed:
@@ -194,7 +198,7 @@ def _render(job: oprunner.NativeRun, pending: lazy_jpeg.PendingDecode) -> Any:
     try:
         # (its markers were checked to the end of the image at convert: damage below the crop, which a strict
         # decode of the rest would find, leaves the crop's pixels as PIL's decode makes them)
-        return oprunner.run_jpeg(job, pending.data, pending.hw, pending.path, check_rest=False)
+        return oprunner.run_jpeg(job, pending.data, pending.hw, None, check_rest=False)
     except Exception:  # noqa: BLE001 - a stream the strict decoders refuse: PIL decides, as stock's load
         pass
     return oprunner.run(job, _decoded(pending))
