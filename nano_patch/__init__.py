@@ -104,6 +104,9 @@ def _jsonable(value: Any) -> Any:
 def unpatch_torch() -> None:
     """Restore every attribute nano-patch replaced, to the very same object it was before."""
     os.environ.pop(STARTUP_ENV, None)
+    from .train import warm_start
+
+    warm_start.stop()  # (the warm interpreter patch_torch started: no patched rank will start from here on)
     if _manager is not None:
         _manager.unpatch()
         config.set_in_force(None)  # after the reverts, which still see the options they were applied with

@@ -3,10 +3,24 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 from PIL import Image
+
+# Under pytest-xdist the tests run in execnet's worker, whose ``__main__`` has no file: the patch would take the
+# process for an interactive session (whose ranks fork). To the tests it is ``python -m pytest``, as without xdist.
+_main = sys.modules.get("__main__")
+if os.environ.get("PYTEST_XDIST_WORKER") and _main is not None and not hasattr(_main, "__file__"):
+    _main.__file__ = str(Path(pytest.__file__).with_name("__main__.py"))
+
+# The forkserver (Python 3.14's default start method) imports what every worker of the suite imports, once: stock's
+# worker processes then start as fast as the patch's (which preloads the same when it starts the server first); a
+# setting of the user's own, which changes no batch, seed or error.
+import multiprocessing  # noqa: E402
+
+multiprocessing.set_forkserver_preload(["torch", "torchvision.datasets", "torchvision.transforms", "PIL.Image"])
 
 
 def photo_sources() -> list[Path]:
@@ -58,3 +72,16 @@ def _unpatched():
     yield
     nano_patch.unpatch_torch()
     os.environ.update(saved)
+
+
+#: The modules that take longest on 2 cores, longest first (``--durations``, summed per module). Run with
+#: ``-n 2 --dist loadfile`` (pyproject's addopts), each module goes whole to one worker in this order, so that no
+#: long module starts last while the other worker idles.
+SLOW_MODULES = ("test_lightning", "test_virtual_workers_fresh", "test_ranks", "test_run", "test_decoded_cache",
+                "test_stock_matrix", "test_fabric", "test_native_kernels", "test_switch_on", "test_dataloader",
+                "test_dropin_probe", "test_own_dataset", "test_virtual_worker_contract", "test_warm_start")
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    rank = {name: i for i, name in enumerate(SLOW_MODULES)}
+    items.sort(key=lambda item: rank.get(item.module.__name__.rpartition(".")[2], len(rank)))  # (a stable sort)

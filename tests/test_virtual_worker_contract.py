@@ -295,6 +295,8 @@ def test_stand_ins_start_with_the_iterator_one_per_worker(cmyk_folder):
     assert len(batches) == 4
     described = it.describe()
     assert described["stand_in_batches"] == 4
+    reasons = described["stand_in_reasons"]  # the one cause that fired, named: CMYK JPEGs
+    assert sum(reasons.values()) == 4 and all(r.startswith("a file PIL must open or decode (") for r in reasons)
     assert described["stand_in_processes"] == 2  # one process per worker, not one per batch
     assert not it._ctx.stand_ins_procs._template.is_alive()  # ended with the epoch, as stock's workers
 

@@ -178,3 +178,40 @@ def test_state_set_at_the_top_level_or_in_main_as_a_fresh_worker_sees_it(folder,
     stock, patched = run("stock"), run("patched")
     assert patched[:-1] == stock[:-1]
     assert stock[0].startswith("torch.float64" if where == "top" else "torch.float32")
+
+
+def test_one_batch_given_back_goes_to_a_stand_in_and_the_rest_stay_fast(folder, monkeypatch):  # noqa: F811
+    """Under forkserver, persistent: one batch the fast path gives back (forced here) is loaded by a stand-in (a
+    fresh interpreter), the report names why, and every later batch of the run takes the fast path again; the
+    batches and generators stay stock's."""
+    from torchvision.datasets import ImageFolder
+
+    from nano_patch.data import drawn_batches
+
+    original = drawn_batches._load_drawn
+    calls = []
+
+    def second_given_back(*args):
+        calls.append(1)
+        return drawn_batches.GivenBack("forced by the test") if len(calls) == 2 else original(*args)
+
+    def make():
+        return DataLoader(ImageFolder(str(folder), transform=_pets()), batch_size=4, shuffle=True, num_workers=2,
+                          persistent_workers=True)
+
+    before = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method("forkserver", force=True)
+    monkeypatch.setattr(drawn_batches, "_load_drawn", second_given_back)
+    try:
+        _stock_and_patched(make, seed=4)
+        calls.clear()
+        torch.manual_seed(4)
+        loader = make()
+        for _ in range(4):
+            for _ in loader:
+                pass
+        described = loader._iterator.describe()
+    finally:
+        multiprocessing.set_start_method(before, force=True)
+    assert described["stand_in_batches"] == 1 and described["stand_in_reasons"] == {"forced by the test": 1}
+    assert len(calls) == 4 * 3  # every batch of the four epochs went to the fast path first

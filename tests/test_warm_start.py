@@ -17,6 +17,7 @@ import pytest
 import torch
 from _procs import assert_clean_exit
 
+import nano_patch
 from nano_patch.train import warm_start
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -174,3 +175,28 @@ def test_stopping_removes_the_private_folder_of_the_socket(tmp_path, warm):
     warm_start.stop()
     assert not folder.exists()
     assert warm_start.WARM_ENV not in os.environ
+
+
+def test_unpatch_stops_the_warm_interpreter_patch_torch_started(monkeypatch, tmp_path):
+    """``patch_torch(num_processes=2)`` starts one; ``unpatch_torch()`` stops it, and a later patch may start one
+    again (nothing of the first is left in this process or its environment)."""
+    started, stopped = [], []
+
+    class FakeServer:
+        def __init__(self, *args, **kwargs):
+            r, w = os.pipe()
+            os.close(r)
+            self.stdin = os.fdopen(w, "wb")
+            started.append(self)
+
+        def terminate(self):
+            stopped.append(self)
+
+    monkeypatch.setattr(subprocess, "Popen", FakeServer)
+    monkeypatch.setattr(sys.modules["__main__"], "__file__", str(_script(tmp_path, "")), raising=False)
+    for _ in range(2):
+        nano_patch.patch_torch(num_processes=2)
+        assert len(started) == len(stopped) + 1 and warm_start.WARM_ENV in os.environ
+        nano_patch.unpatch_torch()
+        assert len(stopped) == len(started) and warm_start.WARM_ENV not in os.environ
+        assert warm_start._server is None

@@ -109,8 +109,10 @@ def load_samples(dataset: Any, entries: list[tuple[Any, Any]], transform: Any, t
     loaded one by one at its place, from stock's generator state, and the batch path resumes after it: nothing
     is drawn, opened, warned or called twice.
     """
-    plan = compose_plan.plan_for(transform) if transform is not None else None  # (once per batch)
-    if why_not_split(transform, plan) is not None or why_one_by_one(dataset) is not None:
+    if why_one_by_one(dataset) is not None:
+        return None
+    plan = compose_call.plan_of(transform)  # (once per batch)
+    if why_not_split(transform, plan) is not None:
         return None
     out: list[Any] = []
     k = 0

@@ -9,13 +9,15 @@ some sample needs stock's own code, nothing was warned, stored or called and the
 from __future__ import annotations
 
 import contextlib
+import os
+from dataclasses import dataclass
 from typing import Any
 
 from ..vision.kernels import native, torch_draws
 from ..vision.plans import compose_call, compose_plan, draw_program, oprunner
 from . import batch_render, collate, render_pool, thread_modes
 from .batch_loader import why_not_split
-from .sample_source import SampleJob, Tables, source_of
+from .sample_source import OneByOne, SampleJob, Tables, source_of
 
 
 def why_not_drawn_apart(dataset: Any) -> str | None:
@@ -56,38 +58,48 @@ def why_not_drawn_apart(dataset: Any) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class GivenBack:
+    """Why the fast path gave a batch back to stock's code: the one cause that fired, for the run report."""
+
+    why: str
+
+
 def load_drawn(dataset: Any, owner: Any, entries: list[tuple[Any, Any]], draws: torch_draws.TorchDraws,
-               n_threads: int, uint8: Any = None) -> list[tuple[Any, Any]] | None:
+               n_threads: int, uint8: Any = None) -> list[tuple[Any, Any]] | GivenBack:
     """``[(transform(image), target) ...]`` for ``entries`` of ``dataset`` (whose every draw the draw program makes:
     :func:`why_not_drawn_apart`), drawn from ``draws`` alone (a virtual worker's generator copy; no generator of
-    torch's, Python's or NumPy's is read or moved) and rendered on ``n_threads`` threads; or None where some sample
-    needs stock's own code (nothing was warned, stored or called; ``draws`` has moved and must be put back).
-    ``owner``: the dataset whose tables (header index, cache choice) serve ``dataset``, a snapshot of it.
+    torch's, Python's or NumPy's is read or moved) and rendered on ``n_threads`` threads; or :class:`GivenBack` where
+    some sample needs stock's own code (nothing was warned, stored or called; ``draws`` has moved and must be put
+    back). ``owner``: the dataset whose tables (header index, cache choice) serve ``dataset``, a snapshot of it.
     ``uint8``: the Compose to stop before its tail (the device finishes the batch)."""
     with compose_call.uint8_here(uint8) if uint8 is not None else contextlib.nullcontext():
         return _load_drawn(dataset, owner, entries, draws, n_threads)
 
 
 def _load_drawn(dataset: Any, owner: Any, entries: list[tuple[Any, Any]], draws: torch_draws.TorchDraws,
-                n_threads: int) -> list[tuple[Any, Any]] | None:
+                n_threads: int) -> list[tuple[Any, Any]] | GivenBack:
     transform = dataset.transform
     tables = Tables.of(owner, transform)  # (the thread path's: no image leaves these pipelines, so no info is read)
     program = draw_program.bind(transform, draws, {id(transform): (transform, tables.plan)})
     if program is None:
-        return None
+        return GivenBack("a step the draw program does not make")
+    if not entries:
+        return GivenBack("an empty batch")
     jobs: list[SampleJob] = []
     for path, _ in entries:
         try:
             job = source_of(path, tables.store, tables.crop_window, tables.index, tables.headers, quiet=True)
-        except Exception:  # noqa: BLE001 - stock's code decides what this file gives (a stand-in runs it)
-            return None
+        except OneByOne as exc:  # stock's code decides what this file gives (a stand-in runs it)
+            return GivenBack(f"{exc} ({os.path.basename(str(path))})")
+        except Exception as exc:  # noqa: BLE001 - (the same: stock's error, if any, from stock's code)
+            return GivenBack(f"a file that failed to open here ({os.path.basename(str(path))}: "
+                             f"{type(exc).__name__})")
         run = program.draw(job.array.shape[:2] if job.array is not None else job.size)  # type: ignore[arg-type]
         if run is None:
-            return None
+            return GivenBack("a draw the draw program gives back (stock's get_params must make it)")
         job.native = run
         jobs.append(job)
-    if not jobs:
-        return None
     for job, run in zip(jobs, oprunner.prepare_batch([j.native for j in jobs])):
         job.native = run
     targets = [entry[1] for entry in entries]
@@ -95,13 +107,13 @@ def _load_drawn(dataset: Any, owner: Any, entries: list[tuple[Any, Any]], draws:
     if batch is not None:
         batch_render.run_batch(batch, min(n_threads, len(jobs)), len(jobs))
         if b"\0" in batch.done():
-            return None
+            return GivenBack("a render that failed (a damaged JPEG)")
         slots = tuple([job.native.slot_tensor for job in jobs])  # type: ignore[union-attr]
         collate.hand_over(jobs[0].native.batch, slots)  # type: ignore[union-attr]
         return list(zip(slots, targets))
     outcomes = render_pool.map_outcomes(batch_render.render_job, jobs, n_threads, thread_modes.capture())
     if not all(ok for ok, _ in outcomes):
-        return None
+        return GivenBack("a render that failed (a damaged JPEG)")
     if tables.store is not None:
         batch_render.store_misses(tables.store, jobs, outcomes, 0.0, n_threads)
     return [(r.sample, target) for (_, r), target in zip(outcomes, targets)]

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..vision.images import cache, decode, file_index, source
 from ..vision.kernels import native
-from ..vision.plans import compose_plan, oprunner
+from ..vision.plans import compose_call, compose_plan, oprunner
 
 #: A sample's pixels, as the draw found them: one of these kinds, with what the render needs.
 ARRAY, JPEG_WINDOW, DECODE = "array", "jpeg window", "decode"
@@ -170,8 +170,8 @@ class Tables:
         from . import sample_loading as loading
 
         store = cache.store_for(dataset)
-        if plan is None and transform is not None:
-            plan = compose_plan.plan_for(transform)
+        if plan is None:
+            plan = compose_call.plan_of(transform)
         with_info = loading.needs_info(transform, plan)
         return cls(store, file_index.for_dataset(dataset) if store is not None else None,
                    # sizes from the header index where the images are not cached

@@ -120,7 +120,7 @@ class VirtualWorkersIter(_MultiProcessingDataLoaderIter):
 
     def describe(self) -> dict[str, Any]:
         return {"workers": self._num_workers, "render_threads": self._ctx.render_threads,
-                "stand_in_batches": self._ctx.stand_ins,
+                "stand_in_batches": self._ctx.stand_ins, "stand_in_reasons": dict(self._ctx.stand_in_reasons),
                 "stand_in_processes": self._ctx.stand_ins_procs.started}
 
     def __del__(self) -> None:

@@ -136,6 +136,8 @@ class Context:
         self.closed = False
         #: batches a stand-in loaded (for the run report), counted under the lock (two producers may count)
         self.stand_ins = 0
+        #: why each of them went to a stand-in: {the fast path's reason: batches}
+        self.stand_in_reasons: dict[str, int] = {}
         self.lock = threading.Lock()
         #: (device type, device index) to pin each batch for, as stock's pin-memory thread does, or None
         self.pin: tuple[Any, int] | None = None
@@ -245,9 +247,9 @@ def _load_task(pool: _Producers, ctx: Context, task: Task) -> None:
     try:
         if not ctx.closed:  # (a dropped iterator's batch: nothing reads it)
             with pool.fast_path():
-                task.data = _fast_batch(ctx, stream, task.index)
-            if task.data is None:
-                task.data = _stand_in_batch(ctx, stream, task.index)
+                task.data, why = _fast_batch(ctx, stream, task.index)
+            if why is not None:
+                task.data = _stand_in_batch(ctx, stream, task.index, why)
             elif ctx.pin is None:
                 task.data = _in_shared_memory(task.data)
     except stand_in.WorkerDied as exc:
@@ -277,45 +279,59 @@ def _pinned(data: Any, device: Any, index: int) -> Any:
         return _utils.ExceptionWrapper(where=f"in pin memory thread for device {index}")
 
 
-def _fast_batch(ctx: Context, stream: Stream, indices: Any) -> Any:
-    """The collated batch of ``indices`` as worker ``stream.worker_id`` would send it, by the fast path; or None
-    where a stand-in must load it (the stream's draws are then where they were)."""
+def _fast_batch(ctx: Context, stream: Stream, indices: Any) -> tuple[Any, str | None]:
+    """The collated batch of ``indices`` as worker ``stream.worker_id`` would send it, by the fast path, and None;
+    or None and why a stand-in must load it (the stream's draws are then where they were)."""
     from ..vision.plans import batch_memory
     from . import collate, drawn_batches
 
     snap = ctx.snapshot
     start = stream.draws.words.copy()
-    data = None
-    if ctx.state.is_live():  # (else the script changed what a worker froze: the stand-in has it)
+    data: Any = None
+    why = _state_changed(ctx)
+    if why is None:
         try:
             entries = snap.entries(list(indices))
-        except Exception:  # noqa: BLE001 - a bad index: the stand-in raises stock's error at stock's sample
-            entries = None
-        if entries is not None:
+        except Exception as exc:  # noqa: BLE001 - a bad index: the stand-in raises stock's error at stock's sample
+            why = f"an error at an index of the batch ({type(exc).__name__}: stock's, from stock's code)"
+        else:
             try:
                 with batch_memory.batches_in_shared_memory(ctx.pin is None):
                     data = drawn_batches.load_drawn(snap.dataset, snap.owner, entries, stream.draws,
                                                    ctx.render_threads, ctx.uint8)
-            except Exception:  # noqa: BLE001 - never the user's error: the stand-in loads it with stock's code
-                data = None
+            except Exception as exc:  # noqa: BLE001 - never the user's error: the stand-in loads it with stock's code
+                why = f"an error on the fast path ({type(exc).__name__}: {exc})"
+            else:
+                if isinstance(data, drawn_batches.GivenBack):
+                    why = data.why
     handed = collate.take_handed()
-    if data is not None and not (ctx.state.is_live() and _floats_are(data, ctx.state.default_dtype)):
-        data = None  # (the state changed while the batch loaded)
-    if data is None:
+    if why is None:
+        why = _state_changed(ctx)  # (while the batch loaded)
+        if why is None and not _floats_are(data, ctx.state.default_dtype):
+            why = "torch's default dtype changed while the batch loaded"
+    if why is not None:
         stream.draws.words[:] = start  # (what the fast path drew is drawn again by the stand-in, with stock's code)
-        return None
+        return None, why
     batch = collate.collate_pairs(data, handed) if ctx.collate_fn is _default_collate() else None
-    return batch if batch is not None else ctx.collate_fn(data)
+    return (batch if batch is not None else ctx.collate_fn(data)), None
 
 
-def _stand_in_batch(ctx: Context, stream: Stream, indices: Any) -> Any:
+def _state_changed(ctx: Context) -> str | None:
+    """What of the state a worker froze the script has changed since the iterator started (the stand-in has the
+    frozen state), or None."""
+    if ctx.state.is_live():
+        return None
+    return f"the script changed {worker_state.changed(ctx.state)} since the iterator started its workers"
+
+
+def _stand_in_batch(ctx: Context, stream: Stream, indices: Any, why: str) -> Any:
     """The batch of ``indices`` from the stream's stand-in (stock's code, the worker's frozen state), the stream's
-    generators moved on as it left them."""
+    generators moved on as it left them. ``why``: the fast path's reason to give it back, for the run report."""
     with ctx.lock:
         ctx.stand_ins += 1
-    report.count("dataloader", False, "a virtual worker's batch loaded by its stand-in process (stock's code: a file "
-                                      "PIL must open, a draw the program gives back, a state changed since the "
-                                      "iterator started, or an error)")
+        ctx.stand_in_reasons[why] = ctx.stand_in_reasons.get(why, 0) + 1
+    report.count("dataloader", False, f"a virtual worker's batch loaded by its stand-in process (stock's code): "
+                                      f"{why}")
     random_state, numpy_state = stream.python_states()
     got = ctx.stand_ins_procs.load(stream.worker_id, list(indices), stream.draws.torch_state(), random_state,
                                    numpy_state, ctx.uint8 is not None)

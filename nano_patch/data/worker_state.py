@@ -45,6 +45,13 @@ class WorkerState:
         return self == capture()
 
 
+def changed(then: WorkerState) -> str:
+    """What of this process's state differs from ``then`` ("" where nothing does), named for the run report."""
+    now = capture()
+    return ", ".join(f"{f.name} ({getattr(then, f.name)!r} to {getattr(now, f.name)!r})"
+                     for f in dataclasses.fields(WorkerState) if getattr(now, f.name) != getattr(then, f.name))
+
+
 def fresh() -> WorkerState:
     """The state a fresh interpreter's worker (forkserver, spawn) starts with: the modules' defaults, and this
     process's working directory (the start method passes it on)."""

@@ -370,15 +370,35 @@ static int rrc_attempt(double target_area, float aspect, long height, long width
     return (*w > 0 && *w <= width && *h > 0 && *h <= height) ? 1 : 0;
 }
 
-/* draws_resized_crop(st, height, width, scale, ratio, log_ratio0, log_ratio1, fused) -> (i, j, h, w), or None
- * (the state as it was): RandomResizedCrop.get_params. scale, ratio: the transform's own; log_ratio: torch.log of
- * the float32 ratio, as stock computes it (the caller gives torch's own values). */
+/* torch's float32 exp of u, from exp_fn (a Python callable: torch.exp on a one-element float32 tensor, as stock's
+ * get_params computes it); 0 where it gives no float (the caller gives the crop back). */
+static int exact_exp(PyObject *exp_fn, float u, float *out) {
+    PyObject *got = PyObject_CallFunction(exp_fn, "d", (double)u);
+    if (!got) {
+        PyErr_Clear();
+        return 0;
+    }
+    double v = PyFloat_AsDouble(got);
+    Py_DECREF(got);
+    if (v == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    *out = (float)v;
+    return 1;
+}
+
+/* draws_resized_crop(st, height, width, scale, ratio, log_ratio0, log_ratio1, fused, exp_fn) -> (i, j, h, w), or
+ * None (the state as it was): RandomResizedCrop.get_params. scale, ratio: the transform's own; log_ratio: torch.log
+ * of the float32 ratio, as stock computes it (the caller gives torch's own values). exp_fn (optional): torch's own
+ * float32 exp, asked where the exp computed here could round w or h otherwise (about one attempt in ten thousand);
+ * without it such a crop is given back. */
 static PyObject *py_draws_resized_crop(PyObject *self, PyObject *args) {
-    PyObject *sobj, *scale, *ratio;
+    PyObject *sobj, *scale, *ratio, *exp_fn = Py_None;
     long height, width;
     double s0, s1, r0, r1, lr0, lr1;
     int fused = 0;
-    if (!PyArg_ParseTuple(args, "OllOOdd|p", &sobj, &height, &width, &scale, &ratio, &lr0, &lr1, &fused))
+    if (!PyArg_ParseTuple(args, "OllOOdd|pO", &sobj, &height, &width, &scale, &ratio, &lr0, &lr1, &fused, &exp_fn))
         return NULL;
     if (!plain_pair(scale, &s0, &s1) || !plain_pair(ratio, &r0, &r1))
         Py_RETURN_NONE;
@@ -412,6 +432,11 @@ static PyObject *py_draws_resized_crop(PyObject *self, PyObject *args) {
             int v_hi = rrc_attempt(target_area, hi, height, width, &w2, &h2);
             if (v_hi != verdict || w2 != w || h2 != h)
                 verdict = -1;
+        }
+        if (verdict < 0 && exp_fn != Py_None && rrc_attempt(target_area, e, height, width, &w, &h) >= 0) {
+            /* a rounding that torch's own exp decides (the arithmetic itself is sound) */
+            float exact;
+            verdict = exact_exp(exp_fn, u, &exact) ? rrc_attempt(target_area, exact, height, width, &w, &h) : -1;
         }
         if (verdict < 0) {
             memcpy(st.s, saved, sizeof(saved));
@@ -529,7 +554,7 @@ PyMethodDef nano_draws_methods[] = {
     {"draws_below", py_draws_below, METH_VARARGS, "draws_below(st, p): torch.rand(1) < p."},
     {"draws_randperm", py_draws_randperm, METH_VARARGS, "draws_randperm(st, n): torch.randperm(n), n <= 64."},
     {"draws_resized_crop", py_draws_resized_crop, METH_VARARGS,
-     "draws_resized_crop(st, h, w, scale, ratio, lr0, lr1, fused): RandomResizedCrop.get_params, or None."},
+     "draws_resized_crop(st, h, w, scale, ratio, lr0, lr1, fused, exp_fn): RandomResizedCrop.get_params, or None."},
     {"draws_crop", py_draws_crop, METH_VARARGS, "draws_crop(st, h, w, size): RandomCrop.get_params, or None."},
     {"draws_jitter", py_draws_jitter, METH_VARARGS,
      "draws_jitter(st, brightness, contrast, saturation, hue, fused): ColorJitter.get_params, or None."},

@@ -70,6 +70,14 @@ def defaults_are_stock() -> bool:
     return torch.get_default_dtype() is torch.float32 and torch.get_default_device().type == "cpu"
 
 
+def exact_exp(u: float) -> float:
+    """torch's float32 exp of ``u``, as ``RandomResizedCrop.get_params`` computes it on a one-element tensor: the
+    native draws ask for it where their own exp could round a crop's side otherwise. Pure: no generator is read."""
+    import torch
+
+    return torch.exp(torch.tensor([u], dtype=torch.float32)).item()
+
+
 class GeneratorMoved(Exception):
     """Another thread drew from torch's generator while a run's draws were made from a copy of it."""
 
@@ -179,7 +187,7 @@ class TorchDraws:
         lr = log_ratio(ratio)
         if lr is None:
             return None
-        return self._n.draws_resized_crop(self._st, hw[0], hw[1], scale, ratio, lr[0], lr[1], self.fused)
+        return self._n.draws_resized_crop(self._st, hw[0], hw[1], scale, ratio, lr[0], lr[1], self.fused, exact_exp)
 
     def crop(self, hw: tuple[int, int], size: Any) -> tuple[int, int, int, int] | None:
         """``RandomCrop.get_params`` on an image of ``hw`` for an output of ``size``."""

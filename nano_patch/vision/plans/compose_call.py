@@ -86,6 +86,17 @@ def behaves_as(t: Any, base: type) -> bool:
     return False
 
 
+def plan_of(transform: Any) -> compose_plan.Plan | None:
+    """The plan of ``transform`` where it is a torchvision (v1) Compose that keeps Compose's own call; None for
+    anything else, left to stock's call: a single transform, a lambda, a callable, ``nn.Sequential``, a class that
+    holds a Compose, a subclass with its own ``__call__``."""
+    if transform is None:
+        return None
+    from torchvision.transforms import Compose
+
+    return compose_plan.plan_for(transform) if behaves_as(transform, Compose) else None
+
+
 def takes(img: Any) -> bool:
     """Images a plan carries: the patch's own, and PIL ``RGB``/``L``."""
     return isinstance(img, Image.Image) and img.mode in ("RGB", "L")

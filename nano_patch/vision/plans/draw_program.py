@@ -212,11 +212,11 @@ def _random_resized_crop(t: Any, draws: Any, codes: set[int]) -> Step:
     if lr is None:
         raise UseStock
     lr0, lr1 = lr
-    fn, fused = draws.kernel.draws_resized_crop, draws.fused
+    fn, fused, exp = draws.kernel.draws_resized_crop, draws.fused, torch_draws.exact_exp
     codes.add(P.OP_CROP)
 
     def step(st: np.ndarray, hw: tuple[int, int], records: list[Any]) -> tuple[int, int] | None:
-        got = fn(st, hw[0], hw[1], scale, ratio, lr0, lr1, fused)
+        got = fn(st, hw[0], hw[1], scale, ratio, lr0, lr1, fused, exp)
         if got is None or not _crop(records, hw, *got):
             return None
         return resize((got[2], got[3]), records)
