@@ -137,15 +137,22 @@ def gpu_rows(root: str, n: int, epochs: int) -> dict:
     for model in ("resnet18", "resnet50"):
         # ("bound": no loader work, one batch resident on the GPU: the step alone, against which each row's own
         # step rate is set: samples/s over the share of time not waiting for data)
-        configs = [("bound", 0), ("stock", n - 1), ("patched", n - 1)] + \
-            ([("patched", 0)] if model == "resnet18" else [])
+        # (the step's own time against the bound's: what loading beside the step costs it; step_pace.py's measure)
+        configs = [("bound", 0), ("stock", n - 1), ("patched", n - 1), ("patched", 0)]
+        bound = None
         for mode, w in configs:
             cfg = {"mode": mode, "workers": w, "model": model, "root": root, "batch": 128, "epochs": epochs}
             row = _child(GPU_CHILD, cfg, 400)
+            if mode == "bound":
+                bound = row
+            elif bound is not None and "error" not in row and "error" not in bound:
+                row["of_bound"] = row["samples_per_s"] / bound["samples_per_s"]
+                row["step_vs_alone"] = row["step_ms"] / bound["step_ms"]
             rows[f"{model} | {mode} | {w} workers"] = row
-            print(f"  {model} {mode} {w} workers: {row.get('samples_per_s', 0):.0f} samples/s, waiting "
-                  f"{row.get('waiting', 0):.0%}" + (f"  ERROR {row['error'][-300:]}" if "error" in row else ""),
-                  flush=True)
+            print(f"  {model} {mode} {w} workers: {row.get('samples_per_s', 0):.0f} samples/s "
+                  f"({row.get('of_bound', 1.0):.2f}x the bound), waiting {row.get('waiting', 0):.0%}, step "
+                  f"{row.get('step_vs_alone', 1.0):.2f}x alone"
+                  + (f"  ERROR {row['error'][-300:]}" if "error" in row else ""), flush=True)
     return rows
 
 
@@ -255,14 +262,12 @@ def report(result: dict) -> None:
         for name, row in result["main_job"].items():
             print(f"| nano-patch run {name} | {row.get('samples_per_s', 0):.1f} |")
     if "gpu" in result:
-        print("\n| GPU row | samples/s | waiting | the step's own rate | vs the data-free bound |")
+        print("\n| GPU row | samples/s | of the data-free bound | waiting | the step vs alone |")
         print("|---|---|---|---|---|")
         for name, row in result["gpu"].items():
-            model = name.split(" | ")[0]
-            bound = result["gpu"].get(f"{model} | bound | 0 workers", {}).get("samples_per_s") or 0
             ips, waiting = row.get("samples_per_s", 0), row.get("waiting", 0)
-            own = ips / (1 - waiting) if waiting < 1 else 0
-            print(f"| {name} | {ips:.0f} | {waiting:.0%} | {own:.0f} | {own / bound if bound else 0:.0%} |")
+            print(f"| {name} | {ips:.0f} | {row.get('of_bound', 1.0):.2f}x | {waiting:.0%} | "
+                  f"{row.get('step_vs_alone', 1.0):.2f}x |")
     if "cuda_tests" in result:
         print(f"\nCUDA tests: {result['cuda_tests']['summary']}")
 

@@ -110,7 +110,7 @@ class Net(L.LightningModule):
 
 class Clock(L.Callback):
     def __init__(self):
-        self.wall = self.wait = 0.0
+        self.wall = self.wait = self.stepping = 0.0
         self.samples = 0
         self.last_end = None
 
@@ -119,13 +119,15 @@ class Clock(L.Callback):
         self.epoch_start = self.last_end = time.perf_counter()
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.batch_start = time.perf_counter()
         if trainer.current_epoch >= 1:
-            self.wait += time.perf_counter() - self.last_end
+            self.wait += self.batch_start - self.last_end
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.last_end = time.perf_counter()
         if trainer.current_epoch >= 1:
             self.samples += cfg["batch"]
+            self.stepping += self.last_end - self.batch_start  # (the step's own time, launches included)
 
     def on_train_epoch_end(self, trainer, pl_module):
         torch.cuda.synchronize()
@@ -144,6 +146,7 @@ trainer = L.Trainer(accelerator="gpu", devices=1, precision="bf16-mixed", max_ep
 torch.manual_seed(0)
 trainer.fit(Net(), loader)
 print(json.dumps({"samples_per_s": clock.samples / clock.wall, "waiting": clock.wait / clock.wall,
+                  "step_ms": 1000 * clock.stepping * cfg["batch"] / max(1, clock.samples),
                   "deferred_batches": deferred[0], "num_workers": workers}))
 """
 

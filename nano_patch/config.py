@@ -51,11 +51,12 @@ class Options:
     loader_threads: int | str = "auto"
     virtual_workers: bool = True
     lazy_images: bool = True
+    batches_ahead: bool = True
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(Options))
 BOOLEAN_FIELDS = ("vision", "dataloader", "trainer", "channels_last", "scaled_decode", "uint8_batches",
-                  "virtual_workers", "lazy_images")
+                  "virtual_workers", "lazy_images", "batches_ahead")
 
 # What each option does, for `nano-patch run --help`.
 DESCRIPTIONS = {
@@ -79,6 +80,8 @@ DESCRIPTIONS = {
     "lazy_images": "Image.open(...).convert(\"RGB\") of a plain JPEG decodes when its pixels are read; a patched "
                    "Compose that starts with a crop decodes only the crop, and in a DataLoader batch its pixel work "
                    "is rendered on the loader's threads",
+    "batches_ahead": "num_workers=0: the next batch made ahead while the training step runs, handed over only where "
+                     "what it was drawn from is unchanged (else made again, as stock)",
 }
 
 # What each option accepts, for error messages and the README table.
@@ -100,6 +103,7 @@ ACCEPTED = {
                       'as stock)',
     "virtual_workers": "a bool (env: 1/0, true/false, yes/no, on/off)",
     "lazy_images": "a bool (env: 1/0, true/false, yes/no, on/off)",
+    "batches_ahead": "a bool (env: 1/0, true/false, yes/no, on/off)",
 }
 
 

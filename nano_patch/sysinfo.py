@@ -54,6 +54,26 @@ def usable_cores() -> int:
     return max(1, cores)
 
 
+#: How much lower than the process's own priority the loader's threads run (a nice increment; Linux sets it per
+#: thread): the training thread gets a core back at once, and loading takes what the step leaves.
+LOADER_NICE = 10
+
+
+def lower_this_thread() -> None:
+    """Run the calling thread (one of the loader's own, never the user's) :data:`LOADER_NICE` below the process's
+    priority. Linux only (elsewhere the call would change the whole process); a refusal leaves it as it is."""
+    import sys
+    import threading
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        base = os.getpriority(os.PRIO_PROCESS, os.getpid())  # (the main thread's: the process's own)
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, base + LOADER_NICE))
+    except OSError:
+        pass
+
+
 def has_native_bf16() -> bool:
     """avx512_bf16 or AMX: the CPU computes bf16 natively, so autocast to bf16 pays off."""
     flags = cpu_flags()

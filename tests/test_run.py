@@ -49,6 +49,7 @@ FLAG_VALUES = {
     "loader_threads": (["--loader-threads", "3"], 3),
     "virtual_workers": (["--no-virtual-workers"], False),
     "lazy_images": (["--no-lazy-images"], False),
+    "batches_ahead": (["--no-batches-ahead"], False),
 }
 
 

@@ -21,7 +21,6 @@ bytes, and the same draws, so the pixels stay stock's. Everything else (another 
 from __future__ import annotations
 
 import contextlib
-import copy
 import sys
 import threading
 from collections.abc import Callable
@@ -34,6 +33,7 @@ from ..vision.images import lazy_jpeg
 from ..vision.images.image import plain
 from ..vision.kernels import native, torch_draws
 from ..vision.plans import compose_call, compose_plan, draw_program, oprunner
+from ..vision.plans.compose_state import ComposeState
 from ..vision.plans.thread_setting import ThreadSetting
 from . import collate, generator_states, loader_threads, render_pool, thread_modes
 
@@ -150,26 +150,13 @@ class _Bound:
     it was bound to: used again for the batch's next sample only where nothing it read has changed since (user code
     runs between the samples: a changed parameter, list of transforms or default dtype binds it again)."""
 
-    __slots__ = ("compose", "items", "snapshot", "dtype", "draws", "program")
+    __slots__ = ("state", "draws", "program")
 
     def __init__(self, compose: Any, draws: Any, program: Any) -> None:
-        import torch
-
-        self.compose, self.draws, self.program = compose, draws, program
-        self.items = list(compose.transforms)
-        self.snapshot = [copy.deepcopy(vars(t)) for t in self.items]
-        self.dtype = torch.get_default_dtype()
+        self.state, self.draws, self.program = ComposeState(compose), draws, program
 
     def still(self, compose: Any) -> bool:
-        import torch
-
-        items = compose.transforms
-        if compose is not self.compose or len(items) != len(self.items) or torch.get_default_dtype() != self.dtype:
-            return False
-        try:
-            return all(t is u and vars(t) == snap for t, u, snap in zip(items, self.items, self.snapshot))
-        except Exception:  # noqa: BLE001 - a value that does not compare (a tensor): bind again
-            return False
+        return self.state.still(compose)
 
 
 # The decoders below get no path: a strict decode that fails must not fall back to reading the file again (it may

@@ -89,6 +89,12 @@ def iterate(stock: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, 
         if defer:  # num_workers=0: this thread's draws stop before the tail (RandomErasing's ride along)
             spec, here = tail, uint8_batches.uint8_transform(loader.dataset)[0]
         plan = _without_workers(loader)
+        if plan.path == THREADS:
+            from . import batches_ahead
+
+            why = batches_ahead.install(iterator, loader, plan.threads, here)
+            report.count("dataloader", why is None, "num_workers=0: the next batch made ahead while the step runs"
+                         if why is None else f"num_workers=0: no batch made ahead: {why}")
     plan.uint8, plan.deferred = spec, defer
     loader._nano_plan = plan  # (read by tests and tools; the report has its lines already)
     loader_iterator = iterator

@@ -25,11 +25,8 @@ _JPEG_SUFFIXES = (".jpg", ".jpeg", ".jpe", ".jfif")
 def why_not(loader: Any, loader_threads: int | str) -> str | None:
     """Why ``loader``'s workers stay processes (None: they can run here). Decided from types and stock objects
     alone: nothing of a user's class runs."""
-    import sys
 
-    import torch.utils.data as data
 
-    from . import fetch
 
     if loader_threads == "off":
         return "loader_threads is off"
@@ -40,6 +37,21 @@ def why_not(loader: Any, loader_threads: int | str) -> str | None:
         differs = worker_state.differs_from_fresh()
         if differs:
             return f"a fresh {method} worker would not see this process's {differs}"
+    if loader.worker_init_fn is not None and worker_seeds.lightning_init(loader.worker_init_fn) is None:
+        return "a worker_init_fn of the user's (it may draw, or read get_worker_info())"
+    return why_not_made_apart(loader)
+
+
+def why_not_made_apart(loader: Any) -> str | None:
+    """Why ``loader``'s batches cannot be made apart from the code that asks for them, from a generator state of
+    their own (a virtual worker's, or the next batch made ahead at ``num_workers=0``), with no code of the user's
+    run (None: they can). Decided from types and stock objects alone: nothing of a user's class runs."""
+    import sys
+
+    import torch.utils.data as data
+
+    from . import fetch
+
     overridden = [name for name in _LOADER_METHODS if _defined_by(type(loader), name) is not data.DataLoader]
     if overridden:
         return f"{type(loader).__name__} overrides DataLoader.{overridden[0]} (stock's path runs it)"
@@ -47,8 +59,6 @@ def why_not(loader: Any, loader_threads: int | str) -> str | None:
         return "batch_size=None (samples one by one)"
     if loader.collate_fn is not data.default_collate:
         return "the loader's own collate_fn"
-    if loader.worker_init_fn is not None and worker_seeds.lightning_init(loader.worker_init_fn) is None:
-        return "a worker_init_fn of the user's (it may draw, or read get_worker_info())"
     if not isinstance(loader.dataset, data.Dataset) or isinstance(loader.dataset, data.IterableDataset):
         return "not a map-style dataset"
     root, chain = root_of(loader.dataset)

@@ -197,6 +197,7 @@ class _Producers:
                 self._cond.notify()
 
     def _serve(self) -> None:
+        sysinfo.lower_this_thread()  # (the training thread first: loading takes what the step leaves)
         while True:
             _load_task(self, *self._queue.get())
 

@@ -50,8 +50,31 @@ static void pool_reset_in_child(void) {
     pool.arg = NULL;
 }
 
+#ifdef __linux__
+#include <errno.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* The helpers run this much below the process's own priority (sysinfo.LOADER_NICE; Linux sets it per thread): the
+ * training thread gets a core back at once, and the renders take what the step leaves. */
+#define LOADER_NICE 10
+
+static void lower_this_thread(void) {
+    errno = 0;
+    int base = getpriority(PRIO_PROCESS, (id_t)getpid()); /* (the main thread's: the process's own) */
+    if (base == -1 && errno != 0)
+        return;
+    int nice = base + LOADER_NICE > 19 ? 19 : base + LOADER_NICE;
+    setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), nice); /* (a refusal leaves it as it is) */
+}
+#else
+static void lower_this_thread(void) {}
+#endif
+
 static void *helper_main(void *index_arg) {
     int index = (int)(intptr_t)index_arg;
+    lower_this_thread();
     pthread_mutex_lock(&pool.mu);
     unsigned long last = born[index];
     for (;;) {
