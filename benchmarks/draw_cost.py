@@ -4,7 +4,8 @@ before its pixels are rendered on the loader's threads.
 Two parts, timed apart, per image, over an ImageFolder of real-photo JPEGs (``examples/make_photo_folder.py``),
 with the decoded-image cache off and warm (filled by a first pass):
 
-- ``source``: the sample's size and the cache's lookup (``data/sample_source.py``'s ``source_of``): with the cache
+- ``source``: the sample's size and the cache's lookup (``data/batches/sample_source.py``'s ``source_of``): with the
+  cache
   off, the header index's answer for a file seen before (a ``stat``), else the JPEG header and PIL's open checks;
   the key and the entry with it warm;
 - ``draw``: ``_source`` and the plan's draws on a Recording (``_draw``), pipelines pets, (b) and (c): with torch's
@@ -44,7 +45,7 @@ nano_patch.patch_torch(loader_threads=2, cache_decoded="on" if cfg["cache"] == "
 import torch
 import torchvision.transforms as T
 from torchvision.datasets import ImageFolder
-from nano_patch.data import batch_loader, sample_source
+from nano_patch.data.batches import batch_loader, sample_source
 from nano_patch.vision.images import cache
 from nano_patch.vision.plans import compose_plan
 from nano_patch.vision.kernels import native

@@ -75,7 +75,7 @@ class Indices(Dataset):
 
 deferred = [0]
 if cfg["mode"] == "patched":
-    from nano_patch.data import finish_tail
+    from nano_patch.data.tail import finish_tail
     real_to = finish_tail.DeferredImages.to
 
     def counted_to(self, *a, **k):

@@ -170,12 +170,15 @@ out.update(images=n, seconds=seconds, images_per_s=n / seconds, cpu_s_per_image=
            tree_pss_mb=sum(p.memory_full_info().pss for p in tree if p.is_running()) / 2**20)
 if cfg["side"] == "patched":
     try:
-        from nano_patch.data import loader_threads
-    except ImportError:  # a checkout from before the module's renames (data/loader_pool.py, data/parallel.py)
-        try:
-            from nano_patch.data import loader_pool as loader_threads
+        from nano_patch.data.threads import loader_threads
+    except ImportError:  # a checkout from before the module's moves (data/loader_threads.py, data/loader_pool.py,
+        try:             # data/parallel.py)
+            from nano_patch.data import loader_threads
         except ImportError:
-            from nano_patch.data import parallel as loader_threads
+            try:
+                from nano_patch.data import loader_pool as loader_threads
+            except ImportError:
+                from nano_patch.data import parallel as loader_threads
     out["loader_threads"] = loader_threads.describe()
     out["nano_patch"] = os.path.dirname(nano_patch.__file__)
 print(json.dumps(out))

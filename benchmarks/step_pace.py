@@ -9,7 +9,8 @@ timed, each configuration in a fresh process, rounds interleaved. Rows:
 
 - ``bound``: the loop alone, over batches made beforehand;
 - ``stock, num_workers=2``: stock's worker processes;
-- ``patched, num_workers=0``: the patch, loader threads (``auto``);
+- ``patched, num_workers=0``: the patch, loader threads (``auto``), the next batches made ahead; and with
+  ``batches_ahead=False``: each batch made at ``next()``, as stock makes it;
 - ``patched, num_workers=2`` and ``=N``: virtual workers;
 - ``patched, worker processes``: ``virtual_workers=False``, ``num_workers=2``.
 
@@ -44,7 +45,8 @@ import json, os, sys, time
 cfg = json.loads(sys.argv[1])
 if cfg["side"] == "patched":
     import nano_patch
-    nano_patch.patch_torch(loader_threads="auto", virtual_workers=cfg.get("virtual", True))
+    nano_patch.patch_torch(loader_threads="auto", virtual_workers=cfg.get("virtual", True),
+                           batches_ahead=cfg.get("ahead", True))
 import torch
 import torchvision.transforms as T
 from torchvision.datasets import ImageFolder
@@ -109,6 +111,7 @@ def rows(n_workers: int) -> dict[str, dict]:
         "bound": {"side": "stock", "workers": 0, "bound": True},
         "stock, num_workers=2": {"side": "stock", "workers": 2},
         "patched, num_workers=0": {"side": "patched", "workers": 0},
+        "patched, num_workers=0, batches_ahead off": {"side": "patched", "workers": 0, "ahead": False},
         "patched, num_workers=2": {"side": "patched", "workers": 2},
         f"patched, num_workers={n_workers}": {"side": "patched", "workers": n_workers},
         "patched, worker processes": {"side": "patched", "workers": 2, "virtual": False},

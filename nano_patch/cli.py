@@ -173,6 +173,9 @@ def _run(args: argparse.Namespace) -> int:
     except config.ConfigError as exc:
         print(f"nano-patch run: {exc}", file=sys.stderr)
         return 2
+    finally:
+        # Only this call defers: a patch_torch() the script makes itself may start one as a script's call does.
+        warm_start.deferred = False
     ranks.patched_by = "nano-patch run"
     opts = options()
     # Child ranks will run in an interpreter that imports while this one starts (train/warm_start.py).

@@ -269,7 +269,8 @@ def cache_summary(cache: Counter) -> dict[str, Any] | None:
 
 
 def threads_summary(loader: Counter) -> dict[str, Any] | None:
-    """The loader's threads (``data/batch_loader.py``): batches split, the serial (draw) time per image, the render
+    """The loader's threads (``data/batches/batch_loader.py``): batches split, the serial (draw) time per image, the
+    render
     time per image, and how much faster the threads made loading; None when no batch was split."""
     n = loader.get("parallel_samples", 0)
     if not n:

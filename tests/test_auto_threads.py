@@ -1,4 +1,4 @@
-"""``--loader-threads auto`` (``data/auto_threads.py``): the count comes from the throughput the process
+"""``--loader-threads auto`` (``data/threads/auto_threads.py``): the count comes from the throughput the process
 measures, never a count slower than fewer threads, and it holds at many cores.
 
 The loader is simulated: each batch's time comes from a model of images/s by thread count, times a drift over
@@ -19,7 +19,7 @@ from torchvision.datasets import ImageFolder
 
 import nano_patch
 from nano_patch import sysinfo
-from nano_patch.data import auto_threads, loader_threads
+from nano_patch.data.threads import auto_threads, loader_threads
 
 Rate = Callable[[int, int], float]  # images/s on n threads at batch b
 

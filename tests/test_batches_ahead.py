@@ -1,4 +1,5 @@
-"""``num_workers=0`` made ahead (``data/batches_ahead.py``): the next batches are made while the training step runs
+"""``num_workers=0`` made ahead (``data/threads/batches_ahead.py``): the next batches are made while the training step
+runs
 and handed over only where they are stock's. Every scenario runs stock (unpatched) and patched from the same seed,
 with the same code of the user's between batches; the batches (values, dtypes, strides) and the three generators
 after every batch must be equal, and the run report must say what was made ahead, used and thrown away, and why.
@@ -17,7 +18,7 @@ from torch.utils.data import DataLoader, Subset
 
 import nano_patch
 from nano_patch import report
-from nano_patch.data import batches_ahead
+from nano_patch.data.threads import batches_ahead
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 

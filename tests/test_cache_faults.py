@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from nano_patch.data import sample_loading as loading
+from nano_patch.data.batches import sample_loading as loading
 from nano_patch.vision.images import cache, decode
 
 PAGE = 4096
@@ -50,7 +50,7 @@ _READ = textwrap.dedent("""
     from pathlib import Path
     from PIL import Image
     from nano_patch.vision.images import cache, decode
-    from nano_patch.data import sample_loading as loading
+    from nano_patch.data.batches import sample_loading as loading
     cache_dir, cap, files = sys.argv[1], sys.argv[2], sys.argv[3:]
     store = cache.open_store(Path(cache_dir), None if cap == "on" else int(cap))
     hits = equal = 0
@@ -389,7 +389,7 @@ def test_an_address_space_limit_too_tight_for_any_map_keeps_the_store(tmp_path, 
     subprocess.run([sys.executable, "-c", pad, str(tmp_path / "cache"), cap], env=_env(), check=True, timeout=300)
     before = _digest(store / "data.mdb")
     assert (store / "data.mdb").stat().st_size > 48 * 1024**2
-    code = ("import numpy, PIL.Image, lmdb; from nano_patch.data import sample_loading as loading; "
+    code = ("import numpy, PIL.Image, lmdb; from nano_patch.data.batches import sample_loading as loading; "
             "print(next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmSize')))")
     probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), check=True)
     limit = int(probe.stdout) * 1024 + 48 * 1024**2
@@ -441,7 +441,7 @@ _RACY = textwrap.dedent("""
     from pathlib import Path
     from PIL import Image
     from nano_patch.vision.images import cache
-    from nano_patch.data import sample_loading as loading
+    from nano_patch.data.batches import sample_loading as loading
     folder, cache_dir, tries = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
     pair = [Path(sys.argv[4]).read_bytes(), Path(sys.argv[5]).read_bytes()]
     assert len(pair[0]) == len(pair[1])

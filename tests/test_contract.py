@@ -116,7 +116,8 @@ def test_registry_entries_go_through_the_patch_s_record_and_back(monkeypatch):
     import torch
     from torch.utils.data._utils import collate as torch_collate
 
-    from nano_patch.data import collate, finish_tail
+    from nano_patch.data import collate
+    from nano_patch.data.tail import finish_tail
     from nano_patch.registry import AttributeRecord
     from nano_patch.vision.plans.tensor_tail import ErasedImage
 

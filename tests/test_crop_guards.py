@@ -26,7 +26,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 import nano_patch
-from nano_patch.data import batch_loader, drawn_batches
+from nano_patch.data.batches import batch_loader, drawn_batches
 from nano_patch.vision.kernels import native, torch_draws
 from nano_patch.vision.plans import compose_call, compose_plan, draw_program
 

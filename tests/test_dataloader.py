@@ -233,7 +233,7 @@ def test_worker_processes_finish_the_tail_where_no_device_does(image_folder, ctx
     the main process does no per-batch pixel work."""
     from torchvision.datasets import ImageFolder
 
-    from nano_patch.data.uint8_batches import Uint8Batches
+    from nano_patch.data.tail.uint8_batches import Uint8Batches
 
     ds = ImageFolder(str(image_folder), transform=_exact_pipeline(normalize))
     kw = dict(batch_size=4, num_workers=2, multiprocessing_context=ctx)
@@ -257,7 +257,7 @@ def test_a_worker_process_takes_its_batch_whole_into_shared_memory(image_folder,
     from torchvision import transforms as T
     from torchvision.datasets import ImageFolder
 
-    from nano_patch.data import loader_threads
+    from nano_patch.data.threads import loader_threads
 
     tf = T.Compose([T.RandomResizedCrop(96), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
     ds = ImageFolder(str(image_folder), transform=tf)
@@ -291,7 +291,7 @@ def test_uint8_batches_finished_here_equal_the_patched_float_path_on_a_resizing_
     from torchvision import transforms as T
     from torchvision.datasets import ImageFolder
 
-    from nano_patch.data.uint8_batches import Uint8Batches
+    from nano_patch.data.tail.uint8_batches import Uint8Batches
     from nano_patch.train import tail_deferral as trainer_tail
 
     tf = T.Compose([T.RandomResizedCrop(96), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
@@ -323,7 +323,7 @@ def test_a_pinned_uint8_batch_becomes_a_pinned_float_batch(monkeypatch):
 
     Pinning needs CUDA, which this machine lacks: the pinned state and the allocation are observed instead.
     """
-    from nano_patch.data.uint8_batches import TailSpec, to_float
+    from nano_patch.data.tail.uint8_batches import TailSpec, to_float
 
     images = torch.arange(2 * 3 * 4 * 4, dtype=torch.uint8).view(2, 3, 4, 4)
     asked = []

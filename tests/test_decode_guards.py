@@ -259,7 +259,7 @@ def test_bomb_errors_and_warnings_as_stock(files):
 
 
 def test_batch_parallel_loading_as_stock(files, tmp_path):
-    """A num_workers=0 DataLoader with loader threads (``data/batch_loader.py``: draws in the calling thread,
+    """A num_workers=0 DataLoader with loader threads (``data/batches/batch_loader.py``: draws in the calling thread,
     decodes on a pool): stock's errors, warnings in stock's order, outputs and draws, cache on."""
     photo = next(Path(files["photo"]).rglob("*.jpg")).read_bytes()
     cases = [("big13400", "default", "always"), ("header30000", "default", "always"),

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 import nano_patch
 from nano_patch import report
-from nano_patch.data import finish_tail
+from nano_patch.data.tail import finish_tail
 from nano_patch.train import tail_deferral as trainer_tail
 from nano_patch.vision.plans import tensor_tail
 
@@ -89,7 +89,7 @@ def test_every_tail_after_a_simulated_transfer_is_stock(image_folder, monkeypatc
 def test_not_deferred_the_workers_finish_the_tail_and_the_batch_is_stock(image_folder, kind, erase, virtual):
     """Outside a Trainer (no device finishes the tail) the workers finish it, processes or virtual workers: the
     main process gets stock's float batch and does no per-batch pixel work."""
-    from nano_patch.data.uint8_batches import Uint8Batches
+    from nano_patch.data.tail.uint8_batches import Uint8Batches
 
     ds = _dataset(image_folder, _pipeline(kind, erase, p=1.0))
     stock = _load(ds, 2)
@@ -117,7 +117,7 @@ def test_num_workers_0_defers_an_erasing_tail_with_its_draws_in_the_batch_path(i
     """num_workers=0: the batch's draw step makes each sample's erasers' draws after its other draws, as stock
     does; the samples render on the loader's threads (v1); the batches after the transfer, and the generator
     after the run, are stock's."""
-    from nano_patch.data import render_pool
+    from nano_patch.data.threads import render_pool
 
     ds = _dataset(image_folder, _pipeline(kind, erase, p=0.6))
     stock = _load(ds, 0)

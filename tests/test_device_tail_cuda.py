@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import nano_patch
-from nano_patch.data import finish_tail
+from nano_patch.data.tail import finish_tail
 from nano_patch.vision.plans import tensor_tail
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

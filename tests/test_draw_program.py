@@ -169,7 +169,7 @@ def test_under_the_report_the_program_runs_and_counts_what_the_plan_s_path_count
     plan's path counts them; the batches stay stock's."""
     nano_patch.unpatch_torch()
     stock = loader_epochs(image_folder, PIPELINES[name], 8)
-    nano_patch.patch_torch(loader_threads=2)
+    nano_patch.patch_torch(loader_threads=2, batches_ahead=False)  # (every batch through the draw step here)
     runs, got = [], {}
     real = draw_program.Program.draw
     for side in ("program", "plan"):

@@ -25,7 +25,8 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 import nano_patch
-from nano_patch.data import batch_render, render_pool
+from nano_patch.data.batches import batch_render
+from nano_patch.data.threads import render_pool
 from nano_patch.vision.plans import compose_plan
 
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from nano_patch.data import render_pool
+from nano_patch.data.threads import render_pool
 
 
 def _recording() -> tuple[list[str], threading.Lock]:

@@ -318,7 +318,7 @@ def helper_main() -> None:
     import torchvision.transforms  # noqa: F401
 
     import nano_patch  # noqa: F401
-    import nano_patch.data.virtual_workers  # noqa: F401
+    import nano_patch.data.workers.virtual_workers  # noqa: F401
     import nano_patch.patches.dataloader  # noqa: F401
 
     print("ready", flush=True)

@@ -1,4 +1,5 @@
-"""Batch-parallel loading (``data/batch_loader.py``): a num_workers=0 DataLoader's batches and every generator's state
+"""Batch-parallel loading (``data/batches/batch_loader.py``): a num_workers=0 DataLoader's batches and every
+generator's state
 equal stock's, bit for bit, while the samples of each batch render on the loader's threads.
 
 Each case runs stock first (unpatched), then patched, from the same seeds, over three epochs of a shuffled
@@ -17,7 +18,7 @@ from torch.utils.data import DataLoader, Subset
 
 import nano_patch
 from nano_patch import sysinfo
-from nano_patch.data import loader_threads, render_pool
+from nano_patch.data.threads import loader_threads, render_pool
 from nano_patch.vision.plans import compose_plan, oprunner
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]

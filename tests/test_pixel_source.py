@@ -91,7 +91,7 @@ def test_the_index_answers_a_seen_file_from_memory_and_equal_to_the_store(tmp_pa
     store = _store(tmp_path)
     paths = sorted(str(p) for p in image_folder.rglob("*.jpg"))
     _old_enough(image_folder)
-    from nano_patch.data import sample_loading as loading
+    from nano_patch.data.batches import sample_loading as loading
 
     for p in paths:
         loading.cached(store, p)  # stored
@@ -199,7 +199,7 @@ def _same(a: list, b: list) -> bool:
 def test_without_the_cache_a_seen_jpeg_is_not_read_in_the_draw(tmp_path, photos, monkeypatch):
     """Epoch 1 reads each file in the draw and indexes it; epoch 2 takes its size from the index (the render reads
     it): the batches are stock's in both."""
-    from nano_patch.data import batch_loader
+    from nano_patch.data.batches import batch_loader
     from nano_patch.vision.images import decode
     from nano_patch.vision.kernels import native
     from nano_patch.vision.plans import oprunner

@@ -71,6 +71,9 @@ def test_every_option_is_a_run_flag_and_wins_over_the_environment(monkeypatch):
     assert (nano_patch.options().precision, nano_patch.options().channels_last) == ("bf16", True)
     bad = cli._parser().parse_args(["run", "--precision", "fp8", "s.py"])
     assert cli._run(bad) == 2  # ConfigError, reported before anything runs or is patched
+    from nano_patch.train import warm_start
+
+    assert warm_start.deferred is False  # a later patch_torch(num_processes=2) starts its warm interpreter
     nano_patch.unpatch_torch()
 
 

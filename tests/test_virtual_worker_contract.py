@@ -253,7 +253,7 @@ def test_the_iterator_is_stocks_class_and_lightning_shuts_its_workers_down(folde
 
 def test_a_timed_out_batch_stays_pending(folder, monkeypatch):
     """A caller that catches the timeout and asks again gets the pending batch, as from stock's workers."""
-    from nano_patch.data import virtual_streams
+    from nano_patch.data.workers import virtual_streams
 
     def batches(patched: bool) -> list[Any]:
         seed_all(5)
@@ -324,7 +324,7 @@ nano_patch.patch_torch()
 import torchvision.transforms as T
 from torchvision.datasets import ImageFolder
 from torch.utils.data import DataLoader
-from nano_patch.data import stand_in
+from nano_patch.data.workers import stand_in
 
 slow = stand_in._stand_in
 def slow_stand_in(*args):  # the stand-in holds each batch for a while: the script ends mid-batch
@@ -421,7 +421,7 @@ def test_a_stand_in_forked_while_a_loader_thread_holds_a_lock_still_loads(cmyk_f
     locks: the child gets them free."""
     import threading
 
-    from nano_patch.data import batch_loader
+    from nano_patch.data.batches import batch_loader
 
     nano_patch.patch_torch()
     held, release = threading.Event(), threading.Event()

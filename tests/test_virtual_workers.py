@@ -313,7 +313,7 @@ def _processes_cases(folder: Path) -> dict[str, tuple[Any, str]]:
 @pytest.mark.parametrize("case", ["worker_init_fn", "target_transform", "get_worker_info", "own loader",
                                   "collate_fn"])
 def test_loaders_that_keep_processes_say_why_and_give_stocks_batches(folder, case):
-    from nano_patch.data import virtual_eligibility
+    from nano_patch.data.workers import virtual_eligibility
 
     make, reason = _processes_cases(folder)[case]
     nano_patch.patch_torch()
@@ -326,7 +326,7 @@ def test_loaders_that_keep_processes_say_why_and_give_stocks_batches(folder, cas
 def test_a_folder_with_other_files_keeps_processes(tmp_path, photos):
     from torchvision.datasets import ImageFolder
 
-    from nano_patch.data import virtual_eligibility
+    from nano_patch.data.workers import virtual_eligibility
 
     (tmp_path / "a").mkdir()
     photos[0].save(tmp_path / "a" / "0.jpg")

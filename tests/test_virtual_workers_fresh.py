@@ -116,7 +116,7 @@ def test_a_dataset_that_does_not_pickle_raises_stocks_error(folder, start_method
 def test_a_state_a_fresh_worker_would_not_see_keeps_processes(folder, start_method):  # noqa: F811
     from torchvision.datasets import ImageFolder
 
-    from nano_patch.data import virtual_eligibility
+    from nano_patch.data.workers import virtual_eligibility
 
     nano_patch.patch_torch()
     loader = DataLoader(ImageFolder(str(folder), transform=_pets()), batch_size=4, num_workers=2)
@@ -130,7 +130,7 @@ def test_a_state_a_fresh_worker_would_not_see_keeps_processes(folder, start_meth
 
 
 def test_the_fresh_state_is_a_fresh_interpreters():
-    from nano_patch.data import worker_state
+    from nano_patch.data.workers import worker_state
 
     out = subprocess.run([sys.executable, "-c", "import torch; from PIL import Image, ImageFile; "
                           "print(torch.get_default_dtype(), ImageFile.LOAD_TRUNCATED_IMAGES, Image.MAX_IMAGE_PIXELS)"],
@@ -186,7 +186,7 @@ def test_one_batch_given_back_goes_to_a_stand_in_and_the_rest_stay_fast(folder, 
     batches and generators stay stock's."""
     from torchvision.datasets import ImageFolder
 
-    from nano_patch.data import drawn_batches
+    from nano_patch.data.batches import drawn_batches
 
     original = drawn_batches._load_drawn
     calls = []

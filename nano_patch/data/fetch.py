@@ -80,7 +80,8 @@ def make_fetch(stock_fetch: Callable[..., Any], subset_cls: type) -> Callable[..
     """The ``_MapDatasetFetcher.fetch`` to install: stock's, with the batch routes (see the module)."""
     from torch.utils.data._utils.collate import default_collate as stock_default_collate
 
-    from . import collate, lazy_samples
+    from . import collate
+    from .datasets import lazy_samples
 
     stock_subset_getitems = vars(subset_cls).get("__getitems__")
     stock_subset_getitem = vars(subset_cls).get("__getitem__")

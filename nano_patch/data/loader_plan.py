@@ -29,7 +29,9 @@ from typing import Any
 from .. import report
 from ..config import Options
 from ..registry import NanoPatchWarning
-from . import fetch, loader_threads, uint8_batches
+from . import fetch
+from .tail import uint8_batches
+from .threads import loader_threads
 
 #: Serialises the brief swap of ``worker_init_fn`` while workers start (a loader iterated from two threads).
 _start_lock = threading.Lock()
@@ -90,7 +92,7 @@ def iterate(stock: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, 
             spec, here = tail, uint8_batches.uint8_transform(loader.dataset)[0]
         plan = _without_workers(loader)
         if plan.path == THREADS:
-            from . import batches_ahead
+            from .threads import batches_ahead
 
             why = batches_ahead.install(iterator, loader, plan.threads, here)
             report.count("dataloader", why is None, "num_workers=0: the next batch made ahead while the step runs"
@@ -123,7 +125,7 @@ def _with_workers(stock_iter: Callable[[], Any], loader: Any, options: Options,
     """The iterator of a loader with workers: virtual workers where no user code runs in a worker, else stock's
     worker processes (the same for a persistent loader's later epochs). ``uint8``: the tail the device finishes,
     where this iteration defers it (the workers then hand back uint8 images)."""
-    from . import virtual_eligibility, virtual_workers
+    from .workers import virtual_eligibility, virtual_workers
 
     current = loader._iterator if loader.persistent_workers else None
     if current is not None:  # stock's __iter__ resets the persistent workers: processes or streams
@@ -149,7 +151,8 @@ def _with_workers(stock_iter: Callable[[], Any], loader: Any, options: Options,
 
 def _start_processes(stock_iter: Callable[[], Any], loader: Any, uint8: uint8_batches.TailSpec | None) -> Any:
     from ..vision.kernels import native
-    from . import lazy_samples, workers
+    from .datasets import lazy_samples
+    from .workers import processes as workers
 
     if fetch.patched_dataset(loader.dataset):
         native.check_all()  # (once here: every worker inherits the verdicts instead of checking again)

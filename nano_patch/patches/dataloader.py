@@ -3,8 +3,8 @@
 Wiring only: ``__init__`` and ``__iter__`` go to the loader plan (``data/loader_plan.py``: stock's iterator, the loader
 threads, virtual workers or worker processes, uint8 batches, the tail on the device, and why), the fetch to
 ``data/fetch.py`` (stock's, with the patched datasets' batch loaders where stock would call their ``__getitem__``),
-collation to ``data/collate.py`` and ``data/finish_tail.py``. The forkserver's preload list gains what a worker
-imports (``data/workers.py``), where the server has not started.
+collation to ``data/collate.py`` and ``data/tail/finish_tail.py``. The forkserver's preload list gains what a worker
+imports (``data/workers/processes.py``), where the server has not started.
 """
 
 from __future__ import annotations
@@ -41,7 +41,10 @@ class DataLoaderPatch(Patch):
     def _apply(self, module: ModuleType, options: Options) -> None:
         from torch.utils.data._utils import fetch as torch_fetch
 
-        from ..data import collate, fetch, finish_tail, loader_plan, loader_threads, workers
+        from ..data import collate, fetch, loader_plan
+        from ..data.tail import finish_tail
+        from ..data.threads import loader_threads
+        from ..data.workers import processes as workers
         from ..train import tail_deferral
 
         loader_threads.configure(options.loader_threads)
@@ -63,7 +66,8 @@ class DataLoaderPatch(Patch):
         self._preload_before = workers.preload_forkserver()
 
     def _revert(self) -> None:
-        from ..data import loader_threads, workers
+        from ..data.threads import loader_threads
+        from ..data.workers import processes as workers
 
         loader_threads.configure("off")  # (the collation entries go back with the record)
         workers.restore_forkserver_preload(getattr(self, "_preload_before", None))

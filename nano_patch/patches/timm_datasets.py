@@ -1,5 +1,5 @@
 """Patch timm's ``ImageDataset`` in place: its images decode through the same path as torchvision's. Wiring only:
-the adapters, and which datasets they take, are ``data/timm_adapters.py``'s."""
+the adapters, and which datasets they take, are ``data/datasets/timm_adapters.py``'s."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from ..registry import Patch
 
 
 class TimmDatasetsPatch(Patch):
-    name: ClassVar[str] = "timm_datasets"  # (the report row data/timm_adapters.py counts under)
+    name: ClassVar[str] = "timm_datasets"  # (the report row data/datasets/timm_adapters.py counts under)
     group: ClassVar[str] = "vision"
     target: ClassVar[str] = "timm.data"
     requires: ClassVar[dict[str, str]] = {"timm": ">=1.0.29,<2", "torchvision": ">=0.26,<0.30",
@@ -36,7 +36,8 @@ class TimmDatasetsPatch(Patch):
         from timm.data import dataset
         from timm.data.readers.reader_image_folder import ReaderImageFolder
 
-        from ..data import fetch, timm_adapters
+        from ..data import fetch
+        from ..data.datasets import timm_adapters
 
         reader_methods = vars(ReaderImageFolder)
         getitem = timm_adapters.getitem_of(ReaderImageFolder, reader_methods)

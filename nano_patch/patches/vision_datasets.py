@@ -1,5 +1,5 @@
 """Patch torchvision.datasets in place: JPEGs decode through libjpeg-turbo (simplejpeg). Wiring only: the
-adapters are ``data/dataset_adapters.py``'s, the loading ``data/sample_loading.py``'s.
+adapters are ``data/datasets/dataset_adapters.py``'s, the loading ``data/batches/sample_loading.py``'s.
 
 - ``DatasetFolder.__getitem__`` (and so ``ImageFolder`` and subclasses), when the dataset uses the
   stock PIL loader: the file is decoded straight to an array and handed to a patched ``Compose`` as
@@ -38,8 +38,9 @@ class VisionDatasetsPatch(Patch):
     def _apply(self, module: ModuleType, options: Options) -> None:
         from torchvision.datasets import folder
 
-        from ..data import dataset_adapters, fetch
-        from ..data import sample_loading as loading
+        from ..data import fetch
+        from ..data.batches import sample_loading as loading
+        from ..data.datasets import dataset_adapters
 
         known = (folder.pil_loader, folder.default_loader)
         # Redirected in place: datasets hold these very objects as default arguments and must

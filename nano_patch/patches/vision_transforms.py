@@ -50,7 +50,7 @@ class VisionTransformsPatch(Patch):
         from torchvision.transforms import _functional_pil as F_pil
         from torchvision.transforms import functional as F
 
-        from ..data import lazy_samples
+        from ..data.datasets import lazy_samples
         from ..vision.kernels import pil_dispatch
         from ..vision.plans import compose_call, pil_backend
 

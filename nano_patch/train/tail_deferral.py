@@ -13,7 +13,8 @@ device, before ``on_after_batch_transfer``, the callbacks' batch hooks and the s
 - neither the LightningModule nor the DataModule overrides ``on_before_batch_transfer`` or
   ``transfer_batch_to_device``, and the precision plugin's ``convert_input`` is Lightning's identity;
 - the loader's collate function is the default one, its dataset's transform a stock pipeline ending in the tail
-  (``data/uint8_batches.py``), and each batch an ``[images, labels...]`` structure with a uint8 image tensor first (any
+  (``data/tail/uint8_batches.py``), and each batch an ``[images, labels...]`` structure with a uint8 image tensor first
+  (any
   other batch is left as it is).
 """
 

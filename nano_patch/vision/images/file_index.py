@@ -1,6 +1,6 @@
 """A dataset's files as this process has seen them: path -> (the file's identity, its cache key, its cache entry).
 
-The draw step of a batch (``data/batch_loader.py``) runs in the calling thread, with the GIL held; asking the
+The draw step of a batch (``data/batches/batch_loader.py``) runs in the calling thread, with the GIL held; asking the
 decoded-image cache for each sample there (the key's formatting and hash, an LMDB read transaction, the entry's
 checks) cost more than the rest of a warm sample's draw. The index answers from memory for a file it has seen:
 

@@ -6,7 +6,8 @@ object) reads the file's bytes, as stock's ``load`` would, and returns an ordina
 ``Image.im`` property (``load``, ``tobytes``, ``copy``, ``np.asarray``, pickling, every operation), which the patch
 extends (:func:`image_core`): the first such access decodes the bytes with PIL's own JPEG decoder, exactly as
 stock's ``load`` would have, and from then on the image holds that core. Only code that can prove equal pixels
-without PIL (a patched ``Compose`` whose first step is a crop: ``data/lazy_samples.py``) reads the bytes instead,
+without PIL (a patched ``Compose`` whose first step is a crop: ``data/datasets/lazy_samples.py``) reads the bytes
+instead,
 decoding only the crop's window.
 
 What user code can see is stock's: the class is exactly ``PIL.Image.Image``, there is no ``filename``, ``format``

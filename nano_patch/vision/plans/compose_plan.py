@@ -153,9 +153,9 @@ class Plan:
 
     def __init__(self, items: list[Any]) -> None:
         self.items = items
-        #: why a batch of this plan cannot draw apart from its pixels (set by ``data/batch_loader.py``), or None
+        #: why a batch of this plan cannot draw apart from its pixels (set by ``data/batches/batch_loader.py``), or None
         self.unsplittable: str | None = None
-        #: some samples' draws need their pixels (``data/batch_loader.py`` then loads those one by one)
+        #: some samples' draws need their pixels (``data/batches/batch_loader.py`` then loads those one by one)
         self.sometimes_unsplittable: str | None = None
         self.runners: list[Callable[[Any, Pixels], Any] | None] = []
         self.tails: dict[int, Tail] = {}

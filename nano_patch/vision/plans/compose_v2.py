@@ -108,7 +108,7 @@ def _count_steps(steps: list[Any], how: str) -> None:
 
 def uint8_sample(compose: Any, spec: tensor_tail.TailSpec, items: list[Any], x: Any) -> Any:
     """The steps before the tail (``spec``), then the uint8 image the tail starts from, with the erasers' draws:
-    ``data/finish_tail.py`` finishes the batch."""
+    ``data/tail/finish_tail.py`` finishes the batch."""
     import torch
     from torchvision.transforms import functional as F1
 

@@ -13,7 +13,7 @@ each step (:data:`STEPS`). It has two users:
 - the plan (``compose_plan.py``) counts exactly stock's v1 and timm classes, and runs a tail it finds anywhere in a
   Compose as one table lookup per channel, the tables being stock's own arithmetic run once on the 256 values
   (:class:`Tail`);
-- a DataLoader that finishes the tail itself, on the whole batch (``data/finish_tail.py``), splits off the float
+- a DataLoader that finishes the tail itself, on the whole batch (``data/tail/finish_tail.py``), splits off the float
   tail a Compose ends in, then only ``RandomErasing`` (v1 or v2), once or more (:func:`find_tail`, a
   :class:`TailSpec`): v1 ``ToTensor`` (``x.to(float32).div(255)``) or v2 ``ToImage``/``PILToTensor`` +
   ``ToDtype(float32, scale=True)`` (``x.to(float32).mul_(1 / 255)``), then ``Normalize`` (``sub``, ``div_``).

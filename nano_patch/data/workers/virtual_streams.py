@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import forks, report, sysinfo
+from ... import forks, report, sysinfo
 from . import stand_in, worker_state
 from .virtual_eligibility import root_of
 from .worker_seeds import Seeds
@@ -81,7 +81,7 @@ class Stream:
     def __init__(self, worker_id: int, seeds: Seeds, kernel: Any) -> None:
         import torch
 
-        from ..vision.kernels import torch_draws
+        from ...vision.kernels import torch_draws
 
         self.worker_id = worker_id
         self.seeds = seeds
@@ -283,8 +283,9 @@ def _pinned(data: Any, device: Any, index: int) -> Any:
 def _fast_batch(ctx: Context, stream: Stream, indices: Any) -> tuple[Any, str | None]:
     """The collated batch of ``indices`` as worker ``stream.worker_id`` would send it, by the fast path, and None;
     or None and why a stand-in must load it (the stream's draws are then where they were)."""
-    from ..vision.plans import batch_memory
-    from . import collate, drawn_batches
+    from ...vision.plans import batch_memory
+    from .. import collate
+    from ..batches import drawn_batches
 
     snap = ctx.snapshot
     start = stream.draws.words.copy()

@@ -30,7 +30,8 @@ def map_outcomes(fn: Callable[[T], R], items: Iterable[T], n_threads: int,
     (a future per item costs more than a cache hit's render: docs/benchmarks.md), and still balanced when items
     differ in cost (decodes of different sizes).
 
-    ``state``: the calling thread's torch state (``data/thread_modes.py``), entered on every other thread while it
+    ``state``: the calling thread's torch state (``data/threads/thread_modes.py``), entered on every other thread while
+    it
     works on these items; a thread that cannot enter it takes no item (the calling thread takes them), and None
     (a state no other thread can hold) keeps every item in the calling thread.
     """

@@ -28,14 +28,16 @@ from typing import Any
 
 import numpy as np
 
-from .. import config, report
-from ..vision.images import lazy_jpeg
-from ..vision.images.image import plain
-from ..vision.kernels import native, torch_draws
-from ..vision.plans import compose_call, compose_plan, draw_program, oprunner
-from ..vision.plans.compose_state import ComposeState
-from ..vision.plans.thread_setting import ThreadSetting
-from . import collate, generator_states, loader_threads, render_pool, thread_modes
+from ... import config, report
+from ...vision.images import lazy_jpeg
+from ...vision.images.image import plain
+from ...vision.kernels import native, torch_draws
+from ...vision.plans import compose_call, compose_plan, draw_program, oprunner
+from ...vision.plans.compose_state import ComposeState
+from ...vision.plans.thread_setting import ThreadSetting
+from .. import collate
+from ..batches import generator_states
+from ..threads import loader_threads, render_pool, thread_modes
 
 _NOT_TAKEN = object()
 #: The op runner's table dtypes as torch's (the tensor a ToTensor tail makes has the table's dtype).

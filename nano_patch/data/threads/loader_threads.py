@@ -1,7 +1,7 @@
 """How many threads load each batch of a ``num_workers=0`` DataLoader (``--loader-threads``), and the timing of
 its batches for ``auto``.
 
-Used while a batch is being fetched, by ``data/batch_loader.py``; the threads that run a batch's renders are
+Used while a batch is being fetched, by ``data/batches/batch_loader.py``; the threads that run a batch's renders are
 ``render_pool``'s and the extension's native helpers. Inside a DataLoader worker process the count is one (each
 worker is already one of many processes). Sized to the cores this process may use (``sysinfo.usable_cores``: its
 affinity mask, capped by the cgroup's CPU quota: a container given 2 CPUs of a 64-core host gets 2 threads).
@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .. import sysinfo
+from ... import sysinfo
 from . import render_pool
 from .auto_threads import AutoThreads
 

@@ -11,8 +11,8 @@ import torch
 from torch.utils.data import _utils
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _MultiProcessingDataLoaderIter
 
+from ..stock_lines import base_init
 from . import stand_in, worker_seeds
-from .stock_lines import base_init
 from .virtual_streams import Context, Snapshot, Stream, Task, as_inference, producers_for
 
 

@@ -11,7 +11,8 @@ from typing import Any
 
 class WorkerInit:
     """With ``uint8``, the worker's copy of the dataset's transform stops before ``ToTensor``
-    (see ``data/uint8_batches.py``); then the user's ``worker_init_fn`` runs. A class rather than a closure so that it
+    (see ``data/tail/uint8_batches.py``); then the user's ``worker_init_fn`` runs. A class rather than a closure so
+    that it
     pickles under spawn.
     """
 
@@ -23,7 +24,7 @@ class WorkerInit:
         if self.uint8:
             from torch.utils.data import get_worker_info
 
-            from .uint8_batches import mark_worker_dataset
+            from ..tail.uint8_batches import mark_worker_dataset
 
             info = get_worker_info()
             if info is not None:

@@ -14,12 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from .. import config
-from ..vision.images import cache, decode, file_index, source
-from ..vision.images.image import FastImage, plain
-from ..vision.kernels import functional as K
-from ..vision.kernels import native
-from ..vision.plans import compose_call, compose_plan
+from ... import config
+from ...vision.images import cache, decode, file_index, source
+from ...vision.images.image import FastImage, plain
+from ...vision.kernels import functional as K
+from ...vision.kernels import native
+from ...vision.plans import compose_call, compose_plan
 
 # Opt-in only (``scaled_decode``): libjpeg-turbo's scaled IDCT is not an antialiased bilinear
 # filter. On real photos at native resolution, a 1/2-scale decode before the resize measured max

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import report
+from ... import report
 
 #: The report's row for timm's datasets (the patch's name).
 REPORT_NAME = "timm_datasets"
@@ -40,11 +40,13 @@ def why_timm_code(instance: Any, reader_cls: type, stock_getitem: Any) -> str | 
 
 
 def getitems_of(dataset_cls: type, reader_cls: type, reader_methods: dict[str, Any]) -> Callable[..., Any]:
-    """The batch route (``data/fetch.py``): a batch on the loader's threads (``data/batch_loader.py``), with timm's
+    """The batch route (``data/fetch.py``): a batch on the loader's threads (``data/batches/batch_loader.py``), with
+    timm's
     targets (-1 for none, else its ``target_transform``). A file that fails to load is loaded one by one through
     ``__getitem__`` at its place, which skips it as timm does."""
-    from . import batch_loader, loader_threads
-    from .uint8_batches import inherits_getitem
+    from ..batches import batch_loader
+    from ..tail.uint8_batches import inherits_getitem
+    from ..threads import loader_threads
 
     stock_getitem = reader_methods["__getitem__"]
 
@@ -78,7 +80,7 @@ def getitems_of(dataset_cls: type, reader_cls: type, reader_methods: dict[str, A
 
 
 def getitem_of(reader_cls: type, reader_methods: dict[str, Any]) -> Callable[..., Any]:
-    from . import sample_loading as loading
+    from ..batches import sample_loading as loading
 
     stock_getitem = reader_methods["__getitem__"]
     log = logging.getLogger("timm.data.dataset")  # timm's own logger, for timm's own warning

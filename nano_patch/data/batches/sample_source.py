@@ -1,6 +1,7 @@
 """A sample's source for the batch path: where its pixels come from, under PIL's guards, before its draws.
 
-Per sample, in the thread that draws (``data/batch_loader.py``) and in stock's order: a decoded-image cache hit, a
+Per sample, in the thread that draws (``data/batches/batch_loader.py``) and in stock's order: a decoded-image cache
+hit, a
 miss to decode and store, or a file to decode (whole, or only a crop's window), with its size from the JPEG header
 or the dataset's header index after PIL's open checks (``MAX_IMAGE_PIXELS``, truncated files, what PIL would
 refuse). A guard that raises is stock's error at stock's sample (:class:`GuardRaised`); a file stock's own code
@@ -17,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from ..vision.images import cache, decode, file_index, source
-from ..vision.kernels import native
-from ..vision.plans import compose_call, compose_plan, oprunner
+from ...vision.images import cache, decode, file_index, source
+from ...vision.kernels import native
+from ...vision.plans import compose_call, compose_plan, oprunner
 
 #: A sample's pixels, as the draw found them: one of these kinds, with what the render needs.
 ARRAY, JPEG_WINDOW, DECODE = "array", "jpeg window", "decode"

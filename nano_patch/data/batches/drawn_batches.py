@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..vision.kernels import native, torch_draws
-from ..vision.plans import compose_call, compose_plan, draw_program, oprunner
-from . import batch_render, collate, render_pool, thread_modes
+from ... import report
+from ...vision.kernels import native, torch_draws
+from ...vision.plans import compose_call, compose_plan, draw_program, oprunner
+from .. import collate
+from ..threads import render_pool, thread_modes
+from . import batch_render
 from .batch_loader import why_not_split
 from .sample_source import OneByOne, SampleJob, Tables, source_of
 
@@ -65,20 +69,38 @@ class GivenBack:
     why: str
 
 
+@dataclass
+class Counted:
+    """What the run report counts of a batch loaded here, to be counted once it is handed over (the loader threads'
+    counts: each step per sample, the decodes, the batch's stages' times)."""
+
+    counts: dict[tuple[str, bool, str], int]
+    loader: dict[str, Any]
+
+    def count(self) -> None:
+        stats = report.stats
+        if stats is not None:
+            stats.count_many(self.counts)
+            stats.add_loader(self.loader)
+
+
 def load_drawn(dataset: Any, owner: Any, entries: list[tuple[Any, Any]], draws: torch_draws.TorchDraws,
-               n_threads: int, uint8: Any = None) -> list[tuple[Any, Any]] | GivenBack:
+               n_threads: int, uint8: Any = None, counted: list[Counted] | None = None,
+               ) -> list[tuple[Any, Any]] | GivenBack:
     """``[(transform(image), target) ...]`` for ``entries`` of ``dataset`` (whose every draw the draw program makes:
     :func:`why_not_drawn_apart`), drawn from ``draws`` alone (a virtual worker's generator copy; no generator of
     torch's, Python's or NumPy's is read or moved) and rendered on ``n_threads`` threads; or :class:`GivenBack` where
     some sample needs stock's own code (nothing was warned, stored or called; ``draws`` has moved and must be put
     back). ``owner``: the dataset whose tables (header index, cache choice) serve ``dataset``, a snapshot of it.
-    ``uint8``: the Compose to stop before its tail (the device finishes the batch)."""
+    ``uint8``: the Compose to stop before its tail (the device finishes the batch). ``counted``: where given (and
+    the run report is on), a batch loaded whole appends what the report counts of it (:class:`Counted`)."""
     with compose_call.uint8_here(uint8) if uint8 is not None else contextlib.nullcontext():
-        return _load_drawn(dataset, owner, entries, draws, n_threads)
+        return _load_drawn(dataset, owner, entries, draws, n_threads, counted)
 
 
 def _load_drawn(dataset: Any, owner: Any, entries: list[tuple[Any, Any]], draws: torch_draws.TorchDraws,
-                n_threads: int) -> list[tuple[Any, Any]] | GivenBack:
+                n_threads: int, counted: list[Counted] | None = None) -> list[tuple[Any, Any]] | GivenBack:
+    start = time.perf_counter()
     transform = dataset.transform
     tables = Tables.of(owner, transform)  # (the thread path's: no image leaves these pipelines, so no info is read)
     program = draw_program.bind(transform, draws, {id(transform): (transform, tables.plan)})
@@ -105,11 +127,14 @@ def _load_drawn(dataset: Any, owner: Any, entries: list[tuple[Any, Any]], draws:
     targets = [entry[1] for entry in entries]
     batch = batch_render.native_batch(jobs)
     if batch is not None:
-        batch_render.run_batch(batch, min(n_threads, len(jobs)), len(jobs))
+        drawn_at = time.perf_counter()
+        each = batch_render.run_batch(batch, min(n_threads, len(jobs)), len(jobs))
         if b"\0" in batch.done():
             return GivenBack("a render that failed (a damaged JPEG)")
         slots = tuple([job.native.slot_tensor for job in jobs])  # type: ignore[union-attr]
         collate.hand_over(jobs[0].native.batch, slots)  # type: ignore[union-attr]
+        if counted is not None and report.stats is not None:
+            counted.append(_counted(program, jobs, n_threads, start, drawn_at, each))
         return list(zip(slots, targets))
     outcomes = render_pool.map_outcomes(batch_render.render_job, jobs, n_threads, thread_modes.capture())
     if not all(ok for ok, _ in outcomes):
@@ -117,3 +142,17 @@ def _load_drawn(dataset: Any, owner: Any, entries: list[tuple[Any, Any]], draws:
     if tables.store is not None:
         batch_render.store_misses(tables.store, jobs, outcomes, 0.0, n_threads)
     return [(r.sample, target) for (_, r), target in zip(outcomes, targets)]
+
+
+def _counted(program: Any, jobs: list[SampleJob], n_threads: int, start: float, drawn_at: float,
+             each: float) -> Counted:
+    """What the loader threads' path counts of such a batch (``batch_loader``): the steps, the decodes, the times."""
+    counts = dict(program.report_counts())
+    decoded = batch_render.counted_decodes(jobs)
+    for key, n in decoded.items():
+        counts[key] = counts.get(key, 0) + n
+    counts[("dataloader", True, f"batch loaded on {n_threads} threads (draws in stock's order)")] = 1
+    done = time.perf_counter()
+    return Counted(counts, {"parallel_batches": 1, "parallel_samples": len(jobs), "parallel_threads": n_threads,
+                            "draw_s": drawn_at - start, "render_wall_s": done - drawn_at,
+                            "render_s": each * len(jobs)})

@@ -32,7 +32,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from . import generator_states
+from ..batches import generator_states
 
 #: How often (seconds) a waiting process checks that its parent lives (stock's MP_STATUS_CHECK_INTERVAL is 5).
 WATCH_INTERVAL = 1.0
@@ -317,8 +317,8 @@ def _stand_in(conn: Any, parent: int, dataset: Any, worker_id: int, num_workers:
 def _uint8(dataset: Any) -> Any:
     """While this runs, the dataset's Compose stops before its tail (the device finishes the batch), as the fast path
     stops it for the same iterator (a persistent iterator may switch between epochs)."""
-    from ..vision.plans import compose_call
-    from .uint8_batches import register_collate, uint8_transform
+    from ...vision.plans import compose_call
+    from ..tail.uint8_batches import register_collate, uint8_transform
 
     found = uint8_transform(dataset)
     if found is None:

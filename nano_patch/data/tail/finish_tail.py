@@ -2,7 +2,7 @@
 
 Where a DataLoader splits the tensor tail off its samples (``vision/plans/tensor_tail.py``: the sample is the uint8
 image the tail starts from, with ``RandomErasing``'s draws), :func:`apply_tail` makes, on the collated batch, the very
-operations stock makes per image: on the CPU (``data/uint8_batches.py``, the main process) or on the device after
+operations stock makes per image: on the CPU (``data/tail/uint8_batches.py``, the main process) or on the device after
 the transfer (:class:`DeferredImages`, which ``train/tail_deferral.py`` lets through to Lightning's transfer).
 
 Bits: every operation is one correctly rounded float32 ``/``, ``*`` or ``-`` per element, as stock makes it per
@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import forks
-from ..registry import AttributeRecord
-from ..vision.plans.tensor_tail import V1_DIV, V2_MUL, ErasedImage, Erasure, TailSpec
+from ... import forks
+from ...registry import AttributeRecord
+from ...vision.plans.tensor_tail import V1_DIV, V2_MUL, ErasedImage, Erasure, TailSpec
 
 
 @dataclass

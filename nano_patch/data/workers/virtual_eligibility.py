@@ -9,7 +9,7 @@ import threading
 import weakref
 from typing import Any
 
-from .. import forks
+from ... import forks
 from . import worker_seeds, worker_state
 
 #: Start methods whose workers virtual workers reproduce: a fork of this process (its state frozen when the iterator
@@ -50,7 +50,7 @@ def why_not_made_apart(loader: Any) -> str | None:
 
     import torch.utils.data as data
 
-    from . import fetch
+    from .. import fetch
 
     overridden = [name for name in _LOADER_METHODS if _defined_by(type(loader), name) is not data.DataLoader]
     if overridden:
@@ -69,7 +69,7 @@ def why_not_made_apart(loader: Any) -> str | None:
     folder = sys.modules.get("torchvision.datasets.folder")
     if folder is None or not isinstance(root, folder.DatasetFolder):
         return f"a {type(root).__name__} is not an ImageFolder or DatasetFolder"
-    from . import drawn_batches
+    from ..batches import drawn_batches
 
     why = drawn_batches.why_not_drawn_apart(root)
     if why is not None:

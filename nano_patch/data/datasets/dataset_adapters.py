@@ -3,11 +3,11 @@
 - ``__getitem__`` of ``DatasetFolder`` (and so ``ImageFolder``) with the stock PIL loader, and of the built-in
   datasets that open their files with PIL themselves (Flowers102, Food101, OxfordIIITPet, StanfordCars, DTD;
   Country211 is an ImageFolder): the file decodes straight to an array through libjpeg-turbo and goes to a patched
-  ``Compose`` as one (``data/sample_loading.py``), reading and filling the decoded-image cache where it is on.
+  ``Compose`` as one (``data/batches/sample_loading.py``), reading and filling the decoded-image cache where it is on.
   Caltech101 keeps each photo's own mode (grayscale stays "L").
 - The batch routes (:func:`getitems_of`): the patched fetch (``data/fetch.py``) hands them a batch's indices
   where stock's loop would call the class's ``__getitem__`` for each; the batch loads on the loader's threads
-  (``data/batch_loader.py``) where it can, else stock's loop loads it, and ``--report`` says why.
+  (``data/batches/batch_loader.py``) where it can, else stock's loop loads it, and ``--report`` says why.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from .. import report
+from ... import report
 
 
 def folder_sample(dataset: Any, index: int) -> tuple[Any, Any]:
@@ -43,9 +43,10 @@ def getitems_of(cls: type, why_not: Callable[[Any], str | None],
                 transforms_of: Callable[[Any], tuple[Any, Any]] | None = None) -> Callable[..., Any]:
     """The batch route of ``cls`` (``data/fetch.py``): the patched fetch hands it a batch's indices where stock's
     loop would call ``cls.__getitem__`` for each. The batch loads on the loader's threads where it can
-    (``data/batch_loader.py``); None, having run nothing, where stock's loop must load it."""
-    from . import batch_loader, loader_threads
-    from .uint8_batches import inherits_getitem
+    (``data/batches/batch_loader.py``); None, having run nothing, where stock's loop must load it."""
+    from ..batches import batch_loader
+    from ..tail.uint8_batches import inherits_getitem
+    from ..threads import loader_threads
 
     def transforms(dataset: Any) -> tuple[Any, Any]:
         return dataset.transform, dataset.target_transform
@@ -84,7 +85,7 @@ def loader_getitem(
     """``__getitem__`` for datasets that call ``self.loader(path)``, then transform and target_transform."""
     import torchvision
 
-    from . import sample_loading as loading
+    from ..batches import sample_loading as loading
 
     def getitem(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         loader = getattr(instance, "loader", None)
@@ -107,7 +108,7 @@ def pet_getitem() -> Callable[..., Any]:
     """OxfordIIITPet opens with ``Image.open(...).convert("RGB")`` (its files include PNGs named .jpg)."""
     from torchvision.datasets.vision import StandardTransform
 
-    from . import sample_loading as loading
+    from ..batches import sample_loading as loading
 
     def getitem(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         transforms = getattr(instance, "transforms", None)
@@ -138,7 +139,7 @@ def caltech_getitem() -> Callable[..., Any]:
     """Caltech101 opens with a bare ``Image.open`` (no RGB conversion): its grayscale photos stay "L"."""
     import os
 
-    from . import sample_loading as loading
+    from ..batches import sample_loading as loading
 
     def getitem(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if len(args) != 1 or kwargs or list(instance.target_type) != ["category"]:
@@ -171,7 +172,7 @@ def adapters(module: ModuleType, known: tuple[Callable[..., Any], ...]) -> dict[
 def builtin_adapters(module: ModuleType, known: tuple[Callable[..., Any], ...]) -> dict[type, tuple[Any, Any]]:
     from torchvision.datasets import folder
 
-    from . import sample_loading as loading
+    from ..batches import sample_loading as loading
 
     def files(inst: Any, i: int) -> tuple[Any, Any]:
         return inst._image_files[i], inst._labels[i]
@@ -181,7 +182,7 @@ def builtin_adapters(module: ModuleType, known: tuple[Callable[..., Any], ...]) 
 
     getters = {"Flowers102": files, "Food101": files, "DTD": files, "StanfordCars": samples}
     adapters: dict[type, tuple[Callable[..., Any], Callable[..., Any] | None]] = {}
-    for name in loading.RGB_DATASETS:  # (the uint8 batches' list too: data/uint8_batches.py)
+    for name in loading.RGB_DATASETS:  # (the uint8 batches' list too: data/tail/uint8_batches.py)
         cls = getattr(module, name, None)
         if not (isinstance(cls, type) and "__getitem__" in vars(cls)):
             continue

@@ -6,7 +6,7 @@ A dataset qualifies when its transform is a stock ``Compose`` (v1 or v2) ending 
 optionally ``Normalize``, optionally ``RandomErasing``) and its images come from the stock RGB loader. In each
 worker, that ``Compose`` (the worker's own copy) stops before the tail and returns a uint8 CHW tensor (with the
 erasers' draws): a quarter of the bytes of float32 through shared memory. After collation, the main process makes
-the tail's operations on the whole batch, the very operations stock makes per image (``data/finish_tail.py``), so
+the tail's operations on the whole batch, the very operations stock makes per image (``data/tail/finish_tail.py``), so
 the values are equal; or, where the Trainer defers the tail (``train/tail_deferral.py``), hands the uint8 batch on
 as a :class:`DeferredImages` that Lightning's transfer finishes on the device. ``dataset[i]`` in the main process is
 untouched.
@@ -18,8 +18,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from ..vision.images.subsets import under_subsets
-from ..vision.plans.tensor_tail import TailSpec, find_tail
+from ...vision.images.subsets import under_subsets
+from ...vision.plans.tensor_tail import TailSpec, find_tail
 from .finish_tail import DeferredImages, apply_tail, memory_format, register_collate, split_batch
 
 
@@ -27,7 +27,7 @@ def _rgb_loading(dataset: Any) -> bool:
     datasets = sys.modules.get("torchvision.datasets")
     if datasets is None:
         return False
-    from . import sample_loading as loading
+    from ..batches import sample_loading as loading
 
     folder = datasets.folder
     if isinstance(dataset, folder.DatasetFolder):
@@ -58,7 +58,7 @@ def why_not_uint8(dataset: Any) -> str | None:
 
 
 def _uint8_transform(dataset: Any) -> tuple[Any, TailSpec] | str:
-    from ..vision.plans import compose_call
+    from ...vision.plans import compose_call
 
     if not compose_call.active():
         return "the transforms patch is off"
@@ -79,7 +79,7 @@ def _uint8_transform(dataset: Any) -> tuple[Any, TailSpec] | str:
 
 def mark_worker_dataset(dataset: Any) -> None:
     """In a worker: make this worker's copy of the dataset's ``Compose`` return uint8 tensors."""
-    from ..vision.plans import compose_call
+    from ...vision.plans import compose_call
 
     found = uint8_transform(dataset)
     if found is not None:
@@ -131,7 +131,7 @@ class Uint8Batches(Iterator[Any]):
         if self._here is None:
             raw = next(self._iterator)
         else:
-            from ..vision.plans import compose_call
+            from ...vision.plans import compose_call
 
             with compose_call.uint8_here(self._here):
                 raw = next(self._iterator)

@@ -36,11 +36,13 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import config, forks, report, sysinfo
-from ..vision.kernels import native, torch_draws
-from ..vision.plans.compose_state import ComposeState
-from . import collate, thread_modes, worker_state
-from .virtual_eligibility import root_of, why_not_made_apart
+from ... import config, forks, report, sysinfo
+from ...vision.kernels import native, torch_draws
+from ...vision.plans.compose_state import ComposeState
+from .. import collate
+from ..workers import worker_state
+from ..workers.virtual_eligibility import root_of, why_not_made_apart
+from . import thread_modes
 
 REPORT_KEY = "dataloader"
 #: batches thrown away in a row because torch's generator moved (the step draws from it) before a loader stops
@@ -92,6 +94,8 @@ class _Pending:
     after: _Pending | None = None
     done: threading.Event = field(default_factory=threading.Event)
     data: Any = None
+    #: what the run report counts of it, counted where it is handed over (``drawn_batches.Counted``)
+    counted: list[Any] = field(default_factory=list)
     #: why it cannot be handed over, found while it was made (None: it can, if nothing changed since)
     why: str | None = None
 
@@ -197,7 +201,7 @@ class _Ahead:
         """On the loader thread: the batch of ``pending``, drawn from its copy of the generator and collated."""
         import torch.utils.data as data
 
-        from . import drawn_batches
+        from ..batches import drawn_batches
 
         try:
             after = pending.after
@@ -208,7 +212,7 @@ class _Ahead:
                 pending.draws.load(after.draws.torch_state())
             with thread_modes.entered(pending.modes):
                 got = drawn_batches.load_drawn(self._root, self._root, pending.entries, pending.draws,
-                                               self._n_threads, self._uint8)
+                                               self._n_threads, self._uint8, pending.counted)
                 handed = collate.take_handed()
                 if isinstance(got, drawn_batches.GivenBack):
                     pending.why = got.why
@@ -255,6 +259,8 @@ class _Ahead:
         if loader is not None:
             loader._nano_ahead_moved = 0
         report.count(REPORT_KEY, True, "num_workers=0: a batch made ahead while the step ran, handed over")
+        for counted in pending.counted:
+            counted.count()
         return pending.data
 
     def _thrown(self, pending: _Pending, why: str) -> Any:

@@ -2,7 +2,8 @@
 
 A run's samples render as one native call per thread into the batch tensor (``oprunner.NativeBatch``) where every
 sample can; else each sample on its own (``render_pool.map_outcomes``), by its native run or the plan's Python
-render, in the calling thread's torch modes (``data/thread_modes.py``). A render draws nothing. Misses go into the
+render, in the calling thread's torch modes (``data/threads/thread_modes.py``). A render draws nothing. Misses go into
+the
 decoded-image cache afterwards, in the calling thread, with what each sample cost for the cache's fill budget.
 """
 
@@ -15,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from .. import report
-from ..vision.images import cache, decode, source
-from ..vision.images.cache import fill
-from ..vision.images.image import FastImage, plain
-from ..vision.plans import compose_plan, oprunner
-from . import render_pool
+from ... import report
+from ...vision.images import cache, decode, source
+from ...vision.images.cache import fill
+from ...vision.images.image import FastImage, plain
+from ...vision.plans import compose_plan, oprunner
+from ..threads import render_pool
 from .sample_source import ARRAY, JPEG_WINDOW, SampleJob, read_indexed
 
 
@@ -94,13 +95,19 @@ def run_batch(batch: oprunner.NativeBatch, calls: int, n: int) -> float:
 
 def count_taken(stats: Any, jobs: list[SampleJob]) -> None:
     """The run report's counts for a batch taken at once, as :func:`batch_outcomes` counts its samples."""
+    decoded = counted_decodes(jobs)
+    if decoded:
+        stats.count_many(decoded)
+
+
+def counted_decodes(jobs: list[SampleJob]) -> dict[tuple[str, bool, str], int]:
+    """The run report's decode counts of a batch's samples (whole, or a crop's window)."""
     decoded: dict[tuple[str, bool, str], int] = {}
     for job in jobs:
         if job.kind != ARRAY:
             key = ("vision_datasets", True, oprunner.DECODED[job.kind == JPEG_WINDOW])
             decoded[key] = decoded.get(key, 0) + 1
-    if decoded:
-        stats.count_many(decoded)
+    return decoded
 
 
 def batch_outcomes(batch: oprunner.NativeBatch, jobs: list[SampleJob], each: float) -> list[tuple[bool, Any]]:

@@ -9,8 +9,9 @@ samples of a batch:
   step exactly as stock's one-by-one loop makes it (torch's, Python's and NumPy's generators), and the pixel
   operations written down. No user code runs here; the generators' state before each sample is kept (or found again
   by drawing the run once more from its start, where no ``target_transform`` needs it).
-- **render** (``data/batch_render.py``, on the loader's threads, in the calling thread's torch modes:
-  ``data/thread_modes.py``): per sample, the decode (whole, or only a crop's window) or the cache's view, and the
+- **render** (``data/batches/batch_render.py``, on the loader's threads, in the calling thread's torch modes:
+  ``data/threads/thread_modes.py``): per sample, the decode (whole, or only a crop's window) or the cache's view, and
+  the
   written-down operations, in order (``compose_plan.render``). Draws nothing; the decoders and kernels release the
   GIL.
 - **take** (the calling thread, sample by sample): the dataset's ``target_transform``, called with the generators
@@ -35,12 +36,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import config, forks, report
-from ..vision.images import decode
-from ..vision.kernels import native, torch_draws
-from ..vision.plans import compose_call, compose_plan, draw_program, oprunner
-from ..vision.plans.tensor_tail import ErasedImage
-from . import batch_render, collate, generator_states, render_pool, thread_modes
+from ... import config, forks, report
+from ...vision.images import decode
+from ...vision.kernels import native, torch_draws
+from ...vision.plans import compose_call, compose_plan, draw_program, oprunner
+from ...vision.plans.tensor_tail import ErasedImage
+from .. import collate
+from ..threads import render_pool, thread_modes
+from . import batch_render, generator_states
 from .sample_source import GuardRaised, SampleJob, Tables, one_reusing, source_of
 
 

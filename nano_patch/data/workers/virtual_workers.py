@@ -33,8 +33,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import sysinfo
-from .stock_lines import stock_get_iterator
+from ... import sysinfo
+from ..stock_lines import stock_get_iterator
 from .virtual_eligibility import fresh_context
 from .virtual_streams import Snapshot
 
@@ -57,7 +57,7 @@ def start(loader: Any, loader_threads: int | str, uint8: bool = False) -> Any:
     stock's ``_get_iterator`` starts its worker processes (its checks and warnings, from its own line); ``uint8``:
     its batches stop before the tensor tail, which the device finishes. None where the dataset does not pickle
     for a fresh worker (stock's workers then raise stock's error, where they start)."""
-    from ..vision.kernels import native
+    from ...vision.kernels import native
 
     fresh = fresh_context(loader)
     if fresh is None:
