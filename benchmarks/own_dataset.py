@@ -7,6 +7,8 @@ and loaded by a Dataset class written the way user scripts write them, through p
 - ``path``: ``Image.open(path).convert("RGB")``, returns ``(tensor, label)``;
 - ``dict, file object``: ``with open(path, "rb") as f: Image.open(f).convert("RGB")``, returns
   ``{"pixel_values": ..., "label": ...}``;
+- ``dict, load() in the with``: the same, the image loaded inside the block (``img = Image.open(f); img.load();
+  img = img.convert("RGB")``), as scripts do to read it before the file closes;
 - ``bytes in memory``: the JPEG bytes read into a list at construction, ``Image.open(io.BytesIO(raw))``;
 - ``Hugging Face-style``: rows ``{"image": {"bytes": raw, "path": None}, "label": k}`` (as ``datasets`` stores an
   Image feature), returns ``{"pixel_values": ..., "labels": ...}``;
@@ -89,6 +91,16 @@ class DictFileDataset(Dataset):
         return {"pixel_values": self.transform(img), "label": label}
 
 
+class DictLoadDataset(DictFileDataset):
+    def __getitem__(self, i):
+        path, label = self.files[i], self.labels[i]
+        with open(path, "rb") as f:
+            img = Image.open(f)
+            img.load()
+            img = img.convert("RGB")
+        return {"pixel_values": self.transform(img), "label": label}
+
+
 class BytesDataset(Dataset):
     def __init__(self, files, labels, transform):
         self.raw = []
@@ -133,7 +145,8 @@ class HeavyNumpyDataset(PathDataset):
         return x, torch.from_numpy(np.ascontiguousarray(b[:4, :4], dtype=np.float32)), label
 
 
-DATASETS = {"path": PathDataset, "dict, file object": DictFileDataset, "bytes in memory": BytesDataset,
+DATASETS = {"path": PathDataset, "dict, file object": DictFileDataset, "dict, load() in the with": DictLoadDataset,
+            "bytes in memory": BytesDataset,
             "Hugging Face-style": HFStyleDataset, "heavy numpy": HeavyNumpyDataset}
 
 
@@ -176,7 +189,8 @@ if __name__ == "__main__":
     print(json.dumps(out), flush=True)
 '''
 
-ROWS = ["path", "dict, file object", "bytes in memory", "Hugging Face-style", "heavy numpy"]
+ROWS = ["path", "dict, file object", "dict, load() in the with", "bytes in memory", "Hugging Face-style",
+        "heavy numpy"]
 
 
 def run_script(script: Path, cfg: dict, checkout: str | None = None) -> dict:

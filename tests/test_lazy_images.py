@@ -766,7 +766,8 @@ def test_other_converts_are_stocks(call, kind_files):
         if call == "kw_mode":
             return opened.convert(mode="RGB")
         if call == "loaded":
-            opened.load()
+            px = opened.load()  # its pixel access kept: stock's load, decoded now
+            assert px is not None
             return opened.convert("RGB")
         if call == "no_mode":
             return opened.convert()
@@ -902,3 +903,128 @@ def test_a_jpeg_with_a_thumbnail_inside_an_app_segment_is_lazy_and_stocks():
     img = Image.open(io.BytesIO(data)).convert("RGB")
     assert lazy_jpeg.pending_of(img) is not None
     assert img == stock and img.tobytes() == stock.tobytes()
+
+
+# ------------------------------------------------------------------------------------- load() as a statement
+
+
+def _load_as_a_statement(img: Image.Image) -> None:
+    img.load()
+
+
+def _opened_state(opened: Image.Image, fp: object) -> dict:
+    return {"fp": opened.fp, "closed": getattr(fp, "closed", None),
+            "pos": None if getattr(fp, "closed", True) else fp.tell(), "tile": opened.tile,
+            "keys": sorted(vars(opened).keys()), "readonly": opened.readonly, "mode": opened.mode,
+            "size": opened.size, "info": opened.info, "format": opened.format}
+
+
+@pytest.mark.parametrize("how", SOURCES)
+@pytest.mark.parametrize("kind", KIND_NAMES)
+def test_load_as_a_statement_stays_lazy_and_leaves_stocks_image(kind, how, kind_files, handles):
+    """``img.load()`` written as a statement (its pixel access dropped unused) reads the file as stock's ``load``
+    does and leaves the pixels pending for the plain kinds; the opened image, a ``convert("RGB")`` of it and every
+    read of either are stock's, and so are the errors of the other kinds."""
+
+    def run():
+        src = _source(kind, how, kind_files, handles)
+        opened = Image.open(src)
+        fp = opened.fp
+        error = _outcome(lambda: _load_as_a_statement(opened))
+        state = _opened_state(opened, fp)
+        pending = type(vars(opened).get("_im")).__name__ == "PendingDecode"
+        converted = _outcome(lambda: opened.convert("RGB"))
+        return opened, state, pending, error, converted
+
+    s_opened, want, _, s_error, s_img = run()
+    _patch()
+    opened, got, pending, error, img = run()
+    assert error == s_error and got == want
+    if kind not in _EITHER:
+        assert pending == (kind in _LAZY), kind
+    if isinstance(s_img, Image.Image):
+        if kind in _LAZY:
+            assert lazy_jpeg.pending_of(img) is not None, kind  # the convert of it stays lazy too
+        _same_image(img, s_img, kind)
+        assert opened.tobytes() == s_opened.tobytes() and opened.mode == s_opened.mode
+    else:
+        assert img == s_img
+
+
+def _load_kept(img: Image.Image):
+    px = img.load()
+    return px
+
+
+def _load_returned(img: Image.Image):
+    return img.load()
+
+
+@pytest.mark.parametrize("use", ["kept", "returned", "in_a_list", "a_lambda", "compared", "attribute"])
+def test_a_load_whose_pixel_access_is_used_is_stocks(use, kind_files):
+    """Wherever the caller can see ``load()``'s result, it is stock's pixel-access object, over decoded pixels."""
+    calls = {
+        "kept": _load_kept,
+        "returned": _load_returned,
+        "in_a_list": lambda img: [img.load()][0],
+        "a_lambda": lambda img: img.load(),
+        "compared": lambda img: img.load() is not None and img.load(),
+        "attribute": lambda img: img.load().__class__ and img.load(),
+    }
+
+    def run():
+        opened = Image.open(kind_files["baseline"])
+        px = calls[use](opened)
+        return opened, px
+
+    s_opened, s_px = run()
+    _patch()
+    opened, px = run()
+    assert type(px) is type(s_px) and px is not None
+    assert type(vars(opened)["_im"]).__name__ != "PendingDecode"
+    assert px[3, 4] == s_px[3, 4] and px[opened.width - 1, opened.height - 1] == s_px[s_opened.width - 1,
+                                                                                      s_opened.height - 1]
+
+
+def test_pil_s_own_loads_are_stocks(kind_files):
+    """PIL's methods call ``self.load()`` as a statement; those stay PIL's own (decoded at once)."""
+    _patch()
+    opened = Image.open(kind_files["baseline"])
+    opened.copy()
+    assert type(vars(opened)["_im"]).__name__ != "PendingDecode"
+
+
+def test_a_lazily_loaded_image_inside_a_with_block_reads_as_stock_after_the_file_closes(kind_files, other_photo,
+                                                                                       tmp_path):
+    """The bytes are read inside the block, as stock's ``load`` reads them: the file changed or closed later does
+    not change the pixels, and a second ``load()`` decodes them as stock's would."""
+    path = tmp_path / "photo.jpg"
+    path.write_bytes(kind_files["baseline"].read_bytes())
+
+    def run():
+        with open(path, "rb") as f:
+            img = Image.open(f)
+            img.load()
+        return img
+
+    stock = run()
+    _patch()
+    img = run()
+    assert type(vars(img)["_im"]).__name__ == "PendingDecode"
+    path.write_bytes(other_photo)
+    px = img.load()
+    assert px[5, 5] == stock.load()[5, 5]
+    assert img.tobytes() == stock.tobytes()
+
+
+def test_lazy_load_is_off_with_the_lazy_images_and_after_unpatch(kind_files):
+    for options in ({"lazy_images": False}, None):
+        if options is None:
+            _patch()
+            nano_patch.unpatch_torch()
+        else:
+            _patch(**options)
+        opened = Image.open(kind_files["baseline"])
+        opened.load()
+        assert type(vars(opened)["_im"]).__name__ != "PendingDecode", options
+        nano_patch.unpatch_torch()

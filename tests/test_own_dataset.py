@@ -92,6 +92,18 @@ class FileDict(Base):
         return {"pixel_values": self.transform(img), "label": self.labels[i]}
 
 
+class FileLoadDict(Base):
+    """Loads the image before its file closes (``img.load()`` as a statement), then converts it."""
+
+    def __getitem__(self, i):
+        with open(self.files[i], "rb") as f:
+            img = Image.open(f)
+            img.load()
+            img = img.convert("RGB")
+        probe(self.tag, img)
+        return {"pixel_values": self.transform(img), "label": self.labels[i]}
+
+
 class InMemory(Base):
     def __init__(self, files, labels, tag):
         super().__init__(files, labels, tag)
@@ -275,7 +287,8 @@ if __name__ == "__main__":
 PLAIN = ("baseline", "progressive", "optimized", "restart", "exif6", "gray")
 KINDS = ["baseline"] * 8 + ["progressive"] * 4 + ["optimized", "restart"] + ["exif6"] * 3 + ["gray"] * 3 + \
     ["cmyk"] * 2 + ["png"] * 3  # 25 files: 3 batches of 8 and one of 1
-VARIANTS = ("PathTuple", "FileDict", "InMemory", "Draws", "Peek", "Touch", "Inplace", "Upright", "Subset")
+VARIANTS = ("PathTuple", "FileDict", "FileLoadDict", "InMemory", "Draws", "Peek", "Touch", "Inplace", "Upright",
+            "Subset")
 
 
 def _save(im: Image.Image, path: Path, kind: str) -> None:

@@ -42,7 +42,7 @@ from ...vision.plans.compose_state import ComposeState
 from .. import collate
 from ..workers import worker_state
 from ..workers.virtual_eligibility import root_of, why_not_made_apart
-from . import thread_modes
+from . import exit_gate, thread_modes
 
 REPORT_KEY = "dataloader"
 #: batches thrown away in a row because torch's generator moved (the step draws from it) before a loader stops
@@ -278,6 +278,7 @@ class _Maker:
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[tuple[_Ahead, _Pending]] = queue.SimpleQueue()
+        self._gate = exit_gate.ExitGate()
         self._thread = threading.Thread(target=self._serve, name="nano-patch-batches-ahead", daemon=True)
         self._thread.start()
 
@@ -291,7 +292,14 @@ class _Maker:
         sysinfo.lower_this_thread()
         while True:
             ahead, pending = self._queue.get()
-            ahead.make(pending)
+            if not self._gate.enter():  # the interpreter is exiting: nothing more is made (see exit_gate)
+                pending.why = "the interpreter is exiting"
+                pending.done.set()
+                return
+            try:
+                ahead.make(pending)
+            finally:
+                self._gate.leave()
 
 
 _maker_instance: _Maker | None = None

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ... import forks, report, sysinfo
+from ..threads import exit_gate
 from . import stand_in, worker_state
 from .virtual_eligibility import root_of
 from .worker_seeds import Seeds
@@ -163,6 +164,7 @@ class _Producers:
         self._threads: list[threading.Thread] = []
         self._slots = 0
         self._busy = 0
+        self.gate = exit_gate.ExitGate()
 
     def grow(self, threads: int, slots: int) -> None:
         """At least ``threads`` threads, of which at least ``slots`` may take the fast path at once."""
@@ -199,7 +201,10 @@ class _Producers:
     def _serve(self) -> None:
         sysinfo.lower_this_thread()  # (the training thread first: loading takes what the step leaves)
         while True:
-            _load_task(self, *self._queue.get())
+            ctx, task = self._queue.get()
+            _load_task(self, ctx, task)
+            if self.gate.closed:
+                return  # (the interpreter is exiting: this thread takes nothing more)
 
 
 def producers(num_workers: int) -> int:
@@ -245,7 +250,10 @@ def _load_task(pool: _Producers, ctx: Context, task: Task) -> None:
     with stream.turn:
         while stream.drawn != task.turn:
             stream.turn.wait()
+    entered = pool.gate.enter()  # (not once the interpreter is exiting: see exit_gate)
     try:
+        if not entered:
+            raise RuntimeError("DataLoader's virtual worker: the interpreter is exiting")
         if not ctx.closed:  # (a dropped iterator's batch: nothing reads it)
             with pool.fast_path():
                 task.data, why = _fast_batch(ctx, stream, task.index)
@@ -261,8 +269,12 @@ def _load_task(pool: _Producers, ctx: Context, task: Task) -> None:
         with stream.turn:
             stream.drawn += 1
             stream.turn.notify_all()
-    if ctx.pin is not None and not ctx.closed and task.died is None:
-        task.data = _pinned(task.data, *ctx.pin)
+    try:
+        if entered and ctx.pin is not None and not ctx.closed and task.died is None:
+            task.data = _pinned(task.data, *ctx.pin)
+    finally:
+        if entered:
+            pool.gate.leave()
     task.done.set()
 
 

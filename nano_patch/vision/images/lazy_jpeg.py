@@ -29,7 +29,7 @@ from typing import Any
 from PIL import Image, ImageFile
 
 from ... import report
-from . import decode
+from . import call_sites, decode
 
 #: The run report's section (the patch's name).
 REPORT_KEY = "pil_images"
@@ -226,13 +226,17 @@ def _position_after_load(data: bytes, end: int) -> int:
 
 def convert_lazily(img: Any, mode: Any, matrix: Any) -> Image.Image | None:
     """Stock's ``img.convert(mode, matrix)`` as a lazy image where :func:`_takes` and :func:`plain_stream` allow,
-    with the opened image left as stock's ``load`` leaves it; None (nothing read, or the file object put back where
-    it was) where stock's own ``convert`` must run."""
-    if mode != "RGB" or matrix or not _takes(img):
+    with the opened image left as stock's ``load`` leaves it, or of a JPEG :func:`lazy_load` left pending; None
+    (nothing read, or the file object put back where it was) where stock's own ``convert`` must run."""
+    if mode != "RGB" or matrix:
         return None
-    source = _load_lazily(img)
+    source = _pending_load(img)
     if source is None:
-        return None
+        if not _takes(img):
+            return None
+        source = _load_lazily(img)
+        if source is None:
+            return None
     # stock's result: a new image over the decode (copied, or converted from grey), the file's info copied
     out = Image.Image()
     out._im = PendingDecode(source.data, source.size, source.source_mode, "RGB", source.path, source.args,
@@ -242,6 +246,40 @@ def convert_lazily(img: Any, mode: Any, matrix: Any) -> Image.Image | None:
     out.info = img._copy_info()
     _keep_track(out)
     return out
+
+
+def _pending_load(img: Any) -> PendingDecode | None:
+    """The pending decode of an opened JPEG that :func:`lazy_load` loaded and nothing has read or changed since
+    (stock's ``convert`` of it copies the decoded image, or converts it from grey)."""
+    from PIL import JpegImagePlugin
+
+    if type(img) is not JpegImagePlugin.JpegImageFile:
+        return None
+    p = img.__dict__.get("_im")
+    if type(p) is not PendingDecode or p._core is not None or img.mode != p.mode or img.size != p.size:
+        return None
+    if img.palette or "transparency" in img.info or img.__dict__.get("decoderconfig"):
+        return None
+    return p
+
+
+def lazy_load(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``ImageFile.load``'s wrapper: ``img.load()`` written as a statement (its pixel-access object dropped unused)
+    on a plain JPEG just opened reads the file as stock's ``load`` does and leaves the pixels pending; everywhere
+    else (the result kept, PIL's own calls, any other image) stock's ``load``."""
+    if instance is None or args or kwargs or not _takes(instance):
+        return wrapped(*args, **kwargs)
+    frame = call_sites.caller(1)
+    if frame is None or str(frame.f_globals.get("__name__", "")).startswith("PIL.") \
+            or not call_sites.result_dropped(frame):
+        return wrapped(*args, **kwargs)
+    del frame
+    if _load_lazily(instance) is None:
+        return wrapped(*args, **kwargs)
+    if report.stats is not None:
+        report.count(REPORT_KEY, True, "JPEG loaded lazily (load()'s result unused; decoded where its pixels are "
+                                       "read)")
+    return None  # (dropped by the caller: nothing reads it)
 
 
 def load_lazily(img: Any) -> PendingDecode | None:
