@@ -20,6 +20,7 @@
 /* Added to the module at its creation: torch's generator reproduced (torch_draws.c), the batch executor (batch.c) */
 extern PyMethodDef nano_draws_methods[];
 extern PyMethodDef nano_batch_methods[];
+extern PyMethodDef nano_marker_methods[];
 
 #if NANO_X86
 #include <cpuid.h>
@@ -685,7 +686,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     best_isa = current_isa = detect_isa();
     nano_hue_init();
     PyObject *m = PyModule_Create(&module);
-    if (m && (PyModule_AddFunctions(m, nano_draws_methods) < 0 || PyModule_AddFunctions(m, nano_batch_methods) < 0))
+    if (m && (PyModule_AddFunctions(m, nano_draws_methods) < 0 || PyModule_AddFunctions(m, nano_batch_methods) < 0 ||
+              PyModule_AddFunctions(m, nano_marker_methods) < 0))
         Py_CLEAR(m);
     return m;
 }

@@ -174,15 +174,45 @@ def plain_stream(data: bytes, size: tuple[int, int], mode: str) -> int:
     while True:
         if i + 4 > len(data) or (data[i + 1] == 0xDA and not _scan_taken(data, i)):
             return 0
-        m = _MARKER.search(data, i + 2 + ((data[i + 2] << 8) | data[i + 3]))
-        if m is None:
+        i = _marker_after()(data, i + 2 + ((data[i + 2] << 8) | data[i + 3]))
+        if i < 0:
             return 0  # no end of image: truncated
-        i = m.start()
         code = data[i + 1]
         if code == 0xD9:
             return i + 2
         if code not in _AFTER_SCAN:
             return 0
+
+
+def _marker_by_regex(data: bytes, start: int) -> int:
+    m = _MARKER.search(data, start)
+    return -1 if m is None else m.start()
+
+
+#: Streams on which the native search must answer as the regular expression does before it is used.
+_MARKER_CASES = (b"", b"\xff", b"\xff\xd9", b"ab\xff\x00\xff\xd0\xff\xff\xd9", b"\xff\xff\xff", b"\x00\xff\x00",
+                 b"\xff\xd7\xff\xc4\x00", bytes(range(256)) * 3, b"\xff\x00" * 40 + b"\xff\xda")
+_marker_search: Any = None
+
+
+def _marker_after() -> Any:
+    """``(data, start) -> position`` of the first marker in entropy-coded data at or after ``start`` (-1: none):
+    the native search (``csrc/markers.c``, a few microseconds a photo, where the regular expression takes tens
+    holding the GIL) once it has answered as the regular expression on :data:`_MARKER_CASES`; else the regular
+    expression."""
+    global _marker_search
+    if _marker_search is None:
+        found: Any = _marker_by_regex
+        try:
+            from ..kernels import native
+
+            fast = native._import().marker_after
+            if all(fast(c, k) == _marker_by_regex(c, k) for c in _MARKER_CASES for k in (0, 1, 3, len(c))):
+                found = fast
+        except Exception:  # noqa: BLE001 - no native module here (or switched off): the regular expression
+            pass
+        _marker_search = found
+    return _marker_search
 
 
 def _first_scan(data: bytes) -> int:
