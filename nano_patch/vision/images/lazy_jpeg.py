@@ -206,7 +206,7 @@ def _marker_after() -> Any:
         try:
             from ..kernels import native
 
-            fast = native._import().marker_after
+            fast = native.extension().marker_after
             if all(fast(c, k) == _marker_by_regex(c, k) for c in _MARKER_CASES for k in (0, 1, 3, len(c))):
                 found = fast
         except Exception:  # noqa: BLE001 - no native module here (or switched off): the regular expression

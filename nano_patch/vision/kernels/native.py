@@ -158,6 +158,12 @@ def _import() -> ModuleType:
     return _native_ext.get()
 
 
+def extension() -> ModuleType:
+    """The ``_native`` extension, for a helper that checks its own answers before use rather than through a
+    kernel's verdict; :class:`NativeUnavailable` where it is missing or switched off."""
+    return _import()
+
+
 def _import_jpeg() -> ModuleType:
     return _jpeg_ext.get()
 
