@@ -116,6 +116,13 @@ class Recorder:
         n = hashlib.sha256(repr(np.random.get_state()).encode()).hexdigest()[:12]
         self.add(f"{where}: generators torch={t} random={p} numpy={n}")
 
+    def warnings(self, caught: list[Any]) -> None:
+        """The warnings caught, as the user sees them (the patch's own notices and ResourceWarnings left out)."""
+        for w in caught:
+            if "nano-patch" in str(w.message) or w.category.__name__ in ("NanoPatchWarning", "ResourceWarning"):
+                continue
+            self.add(f"warning {w.category.__name__}: {w.message}")
+
 
 def seed(n: int = 3) -> None:
     torch.manual_seed(n)
@@ -682,10 +689,7 @@ def run(mode: str, root: Path, names: list[str]) -> dict[str, list[str]]:
             except Exception as exc:  # noqa: BLE001 - recorded
                 rec.add(f"case {error(exc)}")
         rec.generators("case end")
-        for w in caught:
-            if "nano-patch" in str(w.message) or w.category.__name__ in ("NanoPatchWarning", "ResourceWarning"):
-                continue
-            rec.add(f"warning {w.category.__name__}: {w.message}")
+        rec.warnings(caught)
         out[name] = rec.events
     return out
 

@@ -279,10 +279,7 @@ def run_case(case: dict[str, Any], root: Path, patched: bool) -> list[str]:
         except Exception as exc:  # noqa: BLE001 - recorded: stock's error is part of its behaviour
             rec.add(f"case {error(exc)}")
         rec.generators("case end")
-    for w in caught:
-        if "nano-patch" in str(w.message) or w.category.__name__ in ("NanoPatchWarning", "ResourceWarning"):
-            continue
-        rec.add(f"warning {w.category.__name__}: {w.message}")
+    rec.warnings(caught)
     return rec.events
 
 
