@@ -150,7 +150,7 @@ def test_batches_made_ahead_are_stocks_whatever_runs_between(image_folder, betwe
         assert thrown == {}, seen
     reasons = {"draws_every_step": "torch's generator moved", "draws_once": "torch's generator moved",
                "crop_grows": "the transform changed", "flip_p_changes": "the transform changed",
-               "samples_swapped": "the dataset's samples changed", "dtype_for_one_batch": "the transform changed",
+               "samples_swapped": "the dataset's samples changed", "dtype_for_one_batch": "torch's default dtype",
                "truncated_flag": "PIL's flags", "inference_mode_toggled": "torch modes changed"}
     if between in reasons:
         assert any(reasons[between] in k for k in thrown), seen

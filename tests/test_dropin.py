@@ -16,6 +16,7 @@ import shutil
 import threading
 import time
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -320,10 +321,10 @@ def test_the_pool_threads_get_their_own_state_back(image_folder):
     ds = ImageFolder(str(image_folder), transform=T.Compose([T.RandomResizedCrop(48), T.ToTensor()]))
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.float16):
         list(DataLoader(ds, batch_size=6))
-    pool = render_pool._executor(2)
-    states = {pool.submit(_state_now).result() for _ in range(6)}
-    assert states == {(True, False, False, None, True, True)}
-    assert {pool.submit(torch.get_autocast_dtype, "cpu").result() for _ in range(6)} == {torch.bfloat16}
+    states: list[tuple[Any, ...]] = []
+    for _ in range(6):  # (what the pool's threads hold once the batch is done, each asked on its own thread)
+        render_pool.run_on_threads(lambda: states.append((*_state_now(), torch.get_autocast_dtype("cpu"))), 3)
+    assert set(states) == {(True, False, False, None, True, True, torch.bfloat16)}
 
 
 # --- __getitems__ ---------------------------------------------------------------------------------------------

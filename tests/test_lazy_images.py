@@ -1028,26 +1028,3 @@ def test_lazy_load_is_off_with_the_lazy_images_and_after_unpatch(kind_files):
         opened.load()
         assert type(vars(opened)["_im"]).__name__ != "PendingDecode", options
         nano_patch.unpatch_torch()
-
-
-def test_the_native_marker_search_answers_as_the_regular_expression():
-    """The lazy image's check that a stream is whole runs natively (``csrc/markers.c``) where the extension is
-    built, with the regular expression's answer on real photos, every encoding here, and damaged copies of them."""
-    import random
-
-    fast = lazy_jpeg._marker_after()
-    if fast is lazy_jpeg._marker_by_regex:
-        pytest.skip("no native extension here: the regular expression is used")
-    rng = random.Random(0)
-    streams = list(_KINDS.values())
-    for data in list(streams):
-        for _ in range(20):
-            b = bytearray(data)
-            for _ in range(30):
-                b[rng.randrange(len(b))] = rng.choice([0xFF, 0x00, 0xD9, 0xD3, 0xDA, rng.randrange(256)])
-            streams.append(bytes(b))
-    for data in streams:
-        for start in (0, 1, 2, 200, len(data) // 2, len(data) - 2, len(data) - 1, len(data), len(data) + 5,
-                      rng.randrange(len(data) + 1)):
-            assert fast(data, start) == lazy_jpeg._marker_by_regex(data, start), start
-    assert fast(memoryview(_KINDS["baseline"]), 0) == lazy_jpeg._marker_by_regex(_KINDS["baseline"], 0)

@@ -1,6 +1,7 @@
 """``render_pool.run_on_threads``'s parked helpers: every call runs on the calling thread and on each helper, the
 helpers are the same threads from one batch to the next, a helper's error reaches the caller, a second caller
-meanwhile takes the executor, and a count change or a dropped pool ends the old helpers."""
+meanwhile takes a crew of its own, a dropped pool ends the idle helpers, and an interrupted call breaks its crew
+without a wait that never ends."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def test_a_helper_s_error_reaches_the_caller_and_the_helpers_go_on():
     assert len(ran) == 2
 
 
-def test_a_second_caller_meanwhile_takes_the_executor():
+def test_a_second_caller_meanwhile_takes_a_crew_of_its_own():
     inside = threading.Event()
     release = threading.Event()
     names: list[str] = []
@@ -73,19 +74,70 @@ def test_a_second_caller_meanwhile_takes_the_executor():
     first = threading.Thread(target=render_pool.run_on_threads, args=(slow, 2))
     first.start()
     assert inside.wait(5)
-    render_pool.run_on_threads(other, 2)  # the crew is busy: the executor's thread and this one
+    render_pool.run_on_threads(other, 2)  # the first crew is busy: another crew's helper and this thread
     release.set()
     first.join(5)
     assert len(names) == 2 and threading.current_thread().name in names
+    assert any(n.startswith("nano-patch-loader-") for n in names)
 
 
-def test_a_new_count_or_a_dropped_pool_ends_the_old_helpers():
-    render_pool.run_on_threads(lambda: None, 3)
-    old = {t for t in threading.enumerate() if t.name.startswith("nano-patch-loader-") and t.is_alive()}
-    assert len(old) == 2
-    render_pool.run_on_threads(lambda: None, 2)  # one helper now: the two before end
-    render_pool.drop()  # (the pool and the helpers; loader_threads.configure drops them too)
+def _helpers() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("nano-patch-loader-") and t.is_alive()}
+
+
+def _ended(threads: set[threading.Thread]) -> bool:
     deadline = time.monotonic() + 5
-    while any(t.is_alive() for t in old) and time.monotonic() < deadline:
+    while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert not any(t.is_alive() for t in old)
+    return not any(t.is_alive() for t in threads)
+
+
+def test_a_dropped_pool_ends_the_idle_helpers():
+    render_pool.drop()
+    render_pool.run_on_threads(lambda: None, 3)
+    render_pool.run_on_threads(lambda: None, 2)
+    old = _helpers()
+    assert len(old) >= 3
+    render_pool.drop()  # (loader_threads.configure drops them too)
+    assert _ended(old)
+
+
+def test_no_standard_library_pool_runs_a_batch(image_folder):
+    """A ``ThreadPoolExecutor``'s threads are joined at exit without a bound: none of the loader's runs there."""
+    import concurrent.futures.thread as pools
+
+    import torchvision.transforms as T
+    from torch.utils.data import DataLoader
+    from torchvision.datasets import ImageFolder
+
+    import nano_patch
+
+    before = set(pools._threads_queues)
+    nano_patch.patch_torch(loader_threads=3)
+    ds = ImageFolder(str(image_folder), transform=T.Compose([T.RandomResizedCrop(48), T.ToTensor()]))
+    assert len(list(DataLoader(ds, batch_size=4))) == 3
+    assert set(pools._threads_queues) == before
+
+
+def test_a_call_interrupted_while_its_helpers_run_breaks_the_crew_and_returns():
+    """Ctrl-C in the calling thread while a helper still works: the caller gets its KeyboardInterrupt once the
+    helper is done, the crew is never used again, and its helper ends."""
+    render_pool.drop()
+    started = threading.Event()
+
+    def fn():
+        if threading.current_thread().name.startswith("nano-patch-loader-"):
+            started.set()
+            time.sleep(0.2)
+        else:
+            assert started.wait(5)
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        render_pool.run_on_threads(fn, 2)
+    helpers = _helpers()
+    ran = []
+    render_pool.run_on_threads(lambda: ran.append(threading.current_thread().name), 2)
+    assert len(ran) == 2
+    render_pool.drop()
+    assert _ended(helpers)

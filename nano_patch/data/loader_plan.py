@@ -31,7 +31,7 @@ from ..config import Options
 from ..registry import NanoPatchWarning
 from . import fetch
 from .tail import uint8_batches
-from .threads import loader_threads
+from .threads import exit_gate, loader_threads
 
 #: Serialises the brief swap of ``worker_init_fn`` while workers start (a loader iterated from two threads).
 _start_lock = threading.Lock()
@@ -136,6 +136,8 @@ def _with_workers(stock_iter: Callable[[], Any], loader: Any, options: Options,
     n = loader.num_workers
     why = (virtual_eligibility.why_not(loader, options.loader_threads) if options.virtual_workers
            else "virtual_workers is off")
+    if why is None and exit_gate.exiting():
+        why = "the interpreter is exiting (no loader thread starts)"
     loader._nano_workers_uint8 = uint8 is not None
     if why is None:
         iterator = virtual_workers.start(loader, options.loader_threads, uint8 is not None)

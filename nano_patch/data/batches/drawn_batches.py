@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ... import report
+from ...vision.images import file_index
 from ...vision.kernels import native, torch_draws
 from ...vision.plans import compose_call, compose_plan, draw_program, oprunner
 from .. import collate
@@ -86,20 +87,23 @@ class Counted:
 
 def load_drawn(dataset: Any, owner: Any, entries: list[tuple[Any, Any]], draws: torch_draws.TorchDraws,
                n_threads: int, uint8: Any = None, counted: list[Counted] | None = None,
-               ) -> list[tuple[Any, Any]] | GivenBack:
+               files: list[Any] | None = None) -> list[tuple[Any, Any]] | GivenBack:
     """``[(transform(image), target) ...]`` for ``entries`` of ``dataset`` (whose every draw the draw program makes:
     :func:`why_not_drawn_apart`), drawn from ``draws`` alone (a virtual worker's generator copy; no generator of
     torch's, Python's or NumPy's is read or moved) and rendered on ``n_threads`` threads; or :class:`GivenBack` where
     some sample needs stock's own code (nothing was warned, stored or called; ``draws`` has moved and must be put
     back). ``owner``: the dataset whose tables (header index, cache choice) serve ``dataset``, a snapshot of it.
     ``uint8``: the Compose to stop before its tail (the device finishes the batch). ``counted``: where given (and
-    the run report is on), a batch loaded whole appends what the report counts of it (:class:`Counted`)."""
+    the run report is on), a batch loaded whole appends what the report counts of it (:class:`Counted`).
+    ``files``: where given, each sample's file identity is appended as it stands just before the file is read
+    (``file_index.settled_identity``), for a batch made ahead to prove its files unchanged at hand-over."""
     with compose_call.uint8_here(uint8) if uint8 is not None else contextlib.nullcontext():
-        return _load_drawn(dataset, owner, entries, draws, n_threads, counted)
+        return _load_drawn(dataset, owner, entries, draws, n_threads, counted, files)
 
 
 def _load_drawn(dataset: Any, owner: Any, entries: list[tuple[Any, Any]], draws: torch_draws.TorchDraws,
-                n_threads: int, counted: list[Counted] | None = None) -> list[tuple[Any, Any]] | GivenBack:
+                n_threads: int, counted: list[Counted] | None = None, files: list[Any] | None = None,
+                ) -> list[tuple[Any, Any]] | GivenBack:
     start = time.perf_counter()
     transform = dataset.transform
     tables = Tables.of(owner, transform)  # (the thread path's: no image leaves these pipelines, so no info is read)
@@ -110,6 +114,8 @@ def _load_drawn(dataset: Any, owner: Any, entries: list[tuple[Any, Any]], draws:
         return GivenBack("an empty batch")
     jobs: list[SampleJob] = []
     for path, _ in entries:
+        if files is not None:
+            files.append(file_index.settled_identity(path))
         try:
             job = source_of(path, tables.store, tables.crop_window, tables.index, tables.headers, quiet=True)
         except OneByOne as exc:  # stock's code decides what this file gives (a stand-in runs it)

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ... import sysinfo
-from . import render_pool
+from . import exit_gate, render_pool
 from .auto_threads import AutoThreads
 
 _lock = threading.Lock()
@@ -73,7 +73,7 @@ def batch_path_on() -> bool:
 def threads() -> int:
     """Threads a batch is loaded with in this process now: 1 means one by one, in the calling thread."""
     setting = _setting
-    if setting == "off" or in_worker_process():
+    if setting == "off" or in_worker_process() or exit_gate.exiting():
         return 1
     return _auto_threads().current() if setting == "auto" else int(setting)
 

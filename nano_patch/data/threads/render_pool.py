@@ -1,39 +1,43 @@
-"""The threads that run a batch's renders: a thread pool for renders that run Python (:func:`map_outcomes`), and
-parked helpers for a batch's native calls where the extension's own helper threads are missing
-(:func:`run_on_threads`). The native helpers (``csrc/helpers.c``) are the extension's. A forked child starts its
-own threads (its parent's are not there). Shared state is guarded by locks, never by the GIL.
+"""The threads that run a batch's renders: parked helper threads (crews) that run a batch's calls beside the calling
+thread, for renders that run Python (:func:`map_outcomes`) and for a batch's native calls where the extension's own
+helper threads are missing (:func:`run_on_threads`). The native helpers (``csrc/helpers.c``) are the extension's.
+
+Every thread here is the loader's own, started and ended by ``exit_gate`` (woken and joined before the interpreter
+finalizes), never a standard-library pool: a ``ThreadPoolExecutor``'s threads are not daemons, and one whose start
+a Ctrl-C interrupts is never told to end, so the interpreter's exit would wait for it forever. A forked child starts
+its own threads (its parent's are not there). Shared state is guarded by locks, never by the GIL.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
+
+from ... import forks
+from . import exit_gate
 
 T = TypeVar("T")
 R = TypeVar("R")
 
-_lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
-_pool_size = 0
-_pool_pid = 0
+#: idle crews kept at most (each caller that loads at the same time as another takes a crew of its own)
+IDLE_CREWS = 4
 
 
 def map_outcomes(fn: Callable[[T], R], items: Iterable[T], n_threads: int,
                  state: Any = None) -> list[tuple[bool, Any]]:
     """``[(True, fn(x)) or (False, the exception fn(x) raised) for x in items]``, on ``n_threads`` threads, the
     calling thread one of them, each item's outcome on its own (the caller decides, item by item, what a failure
-    means). Each thread takes the next item under a lock until none is left: one task per thread, not one per item
+    means). Each thread takes the next item under a lock until none is left: one call per thread, not one per item
     (a future per item costs more than a cache hit's render: docs/benchmarks.md), and still balanced when items
     differ in cost (decodes of different sizes).
 
-    ``state``: the calling thread's torch state (``data/threads/thread_modes.py``), entered on every other thread while
-    it
-    works on these items; a thread that cannot enter it takes no item (the calling thread takes them), and None
-    (a state no other thread can hold) keeps every item in the calling thread.
+    ``state``: the calling thread's torch state (``data/threads/thread_modes.py``), entered on every other thread
+    while it works on these items; a thread that cannot enter it takes no item (the calling thread takes them), and
+    None (a state no other thread can hold) keeps every item in the calling thread.
     """
     from . import thread_modes
 
@@ -41,6 +45,7 @@ def map_outcomes(fn: Callable[[T], R], items: Iterable[T], n_threads: int,
     outcomes: list[tuple[bool, Any]] = [(False, None)] * len(items)
     taken = [0]
     lock = threading.Lock()
+    caller = threading.get_ident()
 
     def work() -> None:
         while True:
@@ -54,18 +59,17 @@ def map_outcomes(fn: Callable[[T], R], items: Iterable[T], n_threads: int,
             except Exception as exc:  # noqa: BLE001 - the caller's to judge, in item order
                 outcomes[i] = (False, exc)
 
-    def helper() -> None:
+    def each() -> None:
+        if threading.get_ident() == caller:
+            work()
+            return
         try:
             with thread_modes.entered(state):
                 work()
         except thread_modes.NotEntered:
             return
 
-    n_helpers = min(n_threads, len(items)) - 1 if state is not None else 0
-    futures = [_executor(n_threads - 1).submit(helper) for _ in range(n_helpers)] if n_helpers > 0 else []
-    work()
-    for future in futures:
-        future.result()
+    run_on_threads(each, n_threads if state is not None and len(items) > 1 else 1)
     return outcomes
 
 
@@ -74,7 +78,10 @@ class _Crew:
     releasing a lock the helper waits on, and takes it back by acquiring one the helper releases. An executor's
     ``submit`` and ``result`` (a future, a work item, a queue, a condition) are Python with the GIL held on every
     call; two lock operations cost a fraction of that. Each lock starts held, so that its waiter
-    blocks until the other side releases it (a ``threading.Lock`` may be released by any thread)."""
+    blocks until the other side releases it (a ``threading.Lock`` may be released by any thread).
+
+    The helpers end when the crew is stopped (replaced, dropped, or at the interpreter's exit: ``exit_gate``); a
+    stop waits for the call under way, and a stopped crew's :meth:`run` calls ``fn`` in the calling thread alone."""
 
     def __init__(self, helpers: int) -> None:
         self.helpers = helpers
@@ -82,128 +89,125 @@ class _Crew:
         self._errors: list[BaseException | None] = [None] * helpers
         self._go = [threading.Lock() for _ in range(helpers)]
         self._done = [threading.Lock() for _ in range(helpers)]
+        #: held while a call runs on the crew, and by a stop
+        self._using = threading.Lock()
+        self._stopped = False
         self.broken = False
         for lock in (*self._go, *self._done):
             lock.acquire()
         for k in range(helpers):
-            threading.Thread(target=self._serve, args=(k,), name=f"nano-patch-loader-{k}", daemon=True).start()
+            if exit_gate.start(functools.partial(self._serve, k), f"nano-patch-loader-{k}", wake=self.stop) is None:
+                self._stopped = True  # (the interpreter is exiting: the calling thread runs every call alone)
+                self.stop()
+                break
 
     def _serve(self, k: int) -> None:
         go, done = self._go[k], self._done[k]
         while True:
             go.acquire()
             fn = self._fn
-            if fn is None:  # the crew is dropped
+            if fn is None:  # the crew is stopped
                 return
             try:
                 fn()
             except BaseException as exc:  # noqa: BLE001 - handed to the calling thread, which raises it
                 self._errors[k] = exc
+            del fn  # (what the call held is freed here, not while the helper waits)
             done.release()
 
     def run(self, fn: Callable[[], Any]) -> None:
         """``fn()`` on every helper and the calling thread at once; returns once all returned (the first error
-        raised). Called by one thread at a time (the crew's lock)."""
-        self._fn = fn
-        for go in self._go:
-            go.release()
-        try:
-            fn()
-        finally:
+        raised). Called by the one caller that took the crew. Interrupted (Ctrl-C) before every helper had its
+        call, or while helpers still run, the crew is broken: never used again, its helpers stopped once done."""
+        with self._using:
+            if self._stopped:
+                fn()  # (fn shares its items among its calls: alone, it does them all)
+                return
+            self._fn = fn
+            handed = 0
             try:
-                for done in self._done:
-                    done.acquire()
-            except BaseException:
-                self.broken = True  # interrupted while helpers run: they may still release; never reused
-                raise
-        errors = [e for e in self._errors if e is not None]
-        self._errors = [None] * self.helpers
-        if errors:
-            raise errors[0]
+                for go in self._go:
+                    go.release()
+                    handed += 1
+                fn()
+            finally:
+                try:
+                    for done in self._done[:handed]:
+                        done.acquire()
+                except BaseException:
+                    handed = -1
+                    raise
+                finally:
+                    self._fn = None  # (the helpers are parked, or this crew is broken)
+                    self.broken = handed != self.helpers
+            errors = [e for e in self._errors if e is not None]
+            self._errors = [None] * self.helpers
+            if errors:
+                raise errors[0]
 
-    def stop(self) -> None:
-        """Let the parked helpers end (a crew of another size, or the pool dropped)."""
-        self._fn = None
-        for go in self._go:
-            with contextlib.suppress(RuntimeError):  # (released already: a crew broken between two releases)
-                go.release()
+    def stop(self, timeout: float = exit_gate.EXIT_WAIT_S) -> None:
+        """Let the parked helpers end, once the call under way (if any) has returned: a crew of another size, the
+        pool dropped, or the interpreter exiting."""
+        if not self._using.acquire(timeout=timeout):
+            return  # (a call that outlasts the bound: its helpers are left as they are)
+        try:
+            self._stopped = True
+            self._fn = None
+            for go in self._go:
+                with contextlib.suppress(RuntimeError):  # (released already: a helper that has not taken it yet)
+                    go.release()
+        finally:
+            self._using.release()
 
 
-_crew: _Crew | None = None
-_crew_pid = 0
-#: held by the one caller using the crew; another thread's batch meanwhile takes the executor
-_crew_busy = threading.Lock()
+_lock = threading.Lock()
+#: crews no caller uses now, each parked (most recently used last)
+_idle: list[_Crew] = []
 
 
 def run_on_threads(fn: Callable[[], Any], n_threads: int) -> None:
     """``fn()`` on ``n_threads`` threads at once, the calling thread one of them, for work that shares its items
-    among its calls itself and runs no torch op (a native batch call: it needs none of the caller's torch state,
-    so no thread enters it). Returns once every call has returned; a call's exception is raised here."""
-    if n_threads <= 1:
+    among its calls itself (so that fewer calls still do it all). Returns once every call has returned; a call's
+    exception is raised here. Each caller takes a crew no other caller uses; its helpers are the same threads from
+    one batch to the next."""
+    if n_threads <= 1 or exit_gate.exiting():
         fn()
         return
-    if _crew_busy.acquire(blocking=False):
-        try:
-            _crew_of(n_threads - 1).run(fn)
-        finally:
-            _crew_busy.release()
-        return
-    futures = [_executor(n_threads - 1).submit(fn) for _ in range(n_threads - 1)]
+    crew = _take(n_threads - 1)
     try:
-        fn()
+        crew.run(fn)
     finally:
-        for future in futures:
-            future.result()
+        _give_back(crew)
 
 
-def _crew_of(helpers: int) -> _Crew:
-    """The parked helpers for :func:`run_on_threads` (called holding ``_crew_busy``)."""
-    global _crew, _crew_pid
-    crew = _crew
-    if crew is None or crew.broken or crew.helpers != helpers or _crew_pid != os.getpid():
-        if crew is not None and _crew_pid == os.getpid():
-            crew.stop()
-        # (a forked child has none of its parent's threads: it starts its own)
-        _crew, _crew_pid = _Crew(helpers), os.getpid()
-        crew = _crew
-    return crew
-
-
-def _executor(n_threads: int) -> ThreadPoolExecutor:
-    global _pool, _pool_size, _pool_pid
+def _take(helpers: int) -> _Crew:
     with _lock:
-        if _pool is None or _pool_pid != os.getpid() or _pool_size != n_threads:
-            if _pool_pid == os.getpid():
-                _drop_pool()
-            # A forked child has no threads of its parent's pool: it starts its own.
-            _pool = ThreadPoolExecutor(n_threads, thread_name_prefix="nano-patch-loader")
-            _pool_size, _pool_pid = n_threads, os.getpid()
-        return _pool
+        for k in range(len(_idle) - 1, -1, -1):
+            if _idle[k].helpers == helpers:
+                return _idle.pop(k)
+    return _Crew(helpers)
 
 
-def _drop_pool() -> None:
-    global _pool, _pool_size, _crew
-    if _pool is not None and _pool_pid == os.getpid():
-        _pool.shutdown(wait=False)
-    _pool, _pool_size = None, 0
-    if _crew is not None and _crew_busy.acquire(blocking=False):  # (in use: it is replaced at its next use)
-        try:
-            if _crew_pid == os.getpid():
-                _crew.stop()
-            _crew = None
-        finally:
-            _crew_busy.release()
+def _give_back(crew: _Crew) -> None:
+    ended: list[_Crew] = []
+    with _lock:
+        if crew.broken:
+            ended.append(crew)  # (interrupted while its helpers ran: never used again)
+        else:
+            _idle.append(crew)
+        while len(_idle) > IDLE_CREWS:
+            ended.append(_idle.pop(0))
+    for old in ended:
+        old.stop()
 
 
 def drop() -> None:
-    """End the pool and the parked helpers (the setting changed, or the patch was reverted)."""
+    """End the idle crews' helpers (the setting changed, or the patch was reverted); a crew in use is ended when it
+    is given back, if it was broken, or kept for the next batch."""
     with _lock:
-        _drop_pool()
+        ended, _idle[:] = list(_idle), []
+    for crew in ended:
+        crew.stop()
 
 
-def _after_fork_in_child() -> None:
-    global _crew_busy
-    _crew_busy = threading.Lock()  # (held by a thread of the parent's, perhaps)
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+forks.fresh_in_child(globals(), _lock=threading.Lock, _idle=list)

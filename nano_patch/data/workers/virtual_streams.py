@@ -159,12 +159,11 @@ class _Producers:
     N stand-ins load at once, as N stock workers would."""
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[tuple[Context, Task]] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[Context, Task] | None] = queue.SimpleQueue()
         self._cond = threading.Condition()
         self._threads: list[threading.Thread] = []
         self._slots = 0
         self._busy = 0
-        self.gate = exit_gate.ExitGate()
 
     def grow(self, threads: int, slots: int) -> None:
         """At least ``threads`` threads, of which at least ``slots`` may take the fast path at once."""
@@ -173,9 +172,11 @@ class _Producers:
                 self._slots = slots
                 self._cond.notify_all()
             while len(self._threads) < threads:
-                t = threading.Thread(target=self._serve, name=f"nano-patch-virtual-worker-{len(self._threads)}",
-                                     daemon=True)
-                t.start()
+                # (ended before the interpreter finalizes: exit_gate; one wake per thread, each takes one)
+                t = exit_gate.start(self._serve, f"nano-patch-virtual-worker-{len(self._threads)}",
+                                    wake=lambda: self._queue.put(None))
+                if t is None:  # (the interpreter is exiting)
+                    return
                 self._threads.append(t)
 
     def submit(self, ctx: Context, task: Task) -> None:
@@ -201,10 +202,11 @@ class _Producers:
     def _serve(self) -> None:
         sysinfo.lower_this_thread()  # (the training thread first: loading takes what the step leaves)
         while True:
-            ctx, task = self._queue.get()
-            _load_task(self, ctx, task)
-            if self.gate.closed:
-                return  # (the interpreter is exiting: this thread takes nothing more)
+            item = self._queue.get()
+            if item is None:  # woken at exit
+                return
+            _load_task(self, *item)
+            del item  # (what it held is freed here, not while it waits)
 
 
 def producers(num_workers: int) -> int:
@@ -250,7 +252,7 @@ def _load_task(pool: _Producers, ctx: Context, task: Task) -> None:
     with stream.turn:
         while stream.drawn != task.turn:
             stream.turn.wait()
-    entered = pool.gate.enter()  # (not once the interpreter is exiting: see exit_gate)
+    entered = not exit_gate.exiting()  # (no new work once the interpreter is exiting: see exit_gate)
     try:
         if not entered:
             raise RuntimeError("DataLoader's virtual worker: the interpreter is exiting")
@@ -273,9 +275,7 @@ def _load_task(pool: _Producers, ctx: Context, task: Task) -> None:
         if entered and ctx.pin is not None and not ctx.closed and task.died is None:
             task.data = _pinned(task.data, *ctx.pin)
     finally:
-        if entered:
-            pool.gate.leave()
-    task.done.set()
+        task.done.set()
 
 
 def _pinned(data: Any, device: Any, index: int) -> Any:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -144,6 +145,19 @@ def identity_of(path: str | os.PathLike[str]) -> _Identity | None:
     try:
         st = os.stat(os.fspath(path))
     except (OSError, TypeError, ValueError):
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def settled_identity(path: str | os.PathLike[str]) -> _Identity | None:
+    """The file's identity (as :func:`identity_of`) where it proves the content: its times are safely in the past
+    (``cache.racy``), so a rewrite from now on changes one of them. None where it cannot be stat'ed, or its times
+    are too recent."""
+    try:
+        st = os.stat(os.fspath(path))
+    except (OSError, TypeError, ValueError):
+        return None
+    if cache.racy(st, time.time_ns()):
         return None
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 

@@ -21,7 +21,7 @@ decoder could refuse) keeps stock's ``convert``, and so stock's image, warnings 
 from __future__ import annotations
 
 import contextlib
-import re
+import os
 import threading
 import weakref
 from typing import Any
@@ -35,12 +35,6 @@ from . import call_sites, decode
 REPORT_KEY = "pil_images"
 #: PIL's read size when it loads a file: where stock's ``load`` leaves a file object's position.
 _MAX_BLOCK = ImageFile.MAXBLOCK
-#: SOF markers whose streams this takes: baseline, extended sequential and progressive, Huffman-coded.
-_SOF_TAKEN = frozenset((0xC0, 0xC1, 0xC2))
-#: Markers allowed after the first scan: DHT, DQT, DRI, SOS, EOI, APPn and COM (restart markers are not found).
-_AFTER_SCAN = frozenset((0xC4, 0xDB, 0xDD, 0xDA, 0xD9, *range(0xE0, 0xF0), 0xFE))
-#: A marker inside entropy-coded data: 0xFF followed by neither a stuffed 0x00, a restart marker nor a fill byte.
-_MARKER = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")
 
 
 class PendingDecode:
@@ -162,90 +156,34 @@ def _takes(img: Any) -> bool:
 
 def plain_stream(data: bytes, size: tuple[int, int], mode: str) -> int:
     """Where the end-of-image marker ends, in a whole, 8-bit, Huffman-coded baseline or progressive JPEG of this
-    (width, height) and colour whose markers after its first scan are all ones its decoder takes (PIL decodes it
-    with no error, and libjpeg-turbo's strict decode of it is PIL's); else 0."""
+    (width, height) and colour, every marker segment of which passes each check libjpeg-turbo makes before and
+    while it decodes rows (``csrc/markers.c``: PIL's decoder then cannot fail on the stream's markers, now or
+    later, and libjpeg-turbo's strict decode of it is PIL's); else 0, also where the extension is not here (the
+    decode then runs at stock's moment)."""
     header = decode.jpeg_header(data)
     if header is None or (header[1], header[0]) != size or header[2] != ("Gray" if mode == "L" else "YCbCr"):
         return 0
-    sos = _first_scan(data)
-    if sos < 0:
+    check = _stream_check()
+    if check is None:
         return 0
-    i = sos  # at a marker with a length (a scan, or a table between scans): its segment skipped, not searched
-    while True:
-        if i + 4 > len(data) or (data[i + 1] == 0xDA and not _scan_taken(data, i)):
-            return 0
-        i = _marker_after()(data, i + 2 + ((data[i + 2] << 8) | data[i + 3]))
-        if i < 0:
-            return 0  # no end of image: truncated
-        code = data[i + 1]
-        if code == 0xD9:
-            return i + 2
-        if code not in _AFTER_SCAN:
-            return 0
+    # (libjpeg refuses a progressive image whose coefficients exceed a memory bound set in JPEGMEM: not modelled)
+    return check(data, size[0], size[1], 1 if mode == "L" else 3, "JPEGMEM" not in os.environ)
 
 
-def _marker_by_regex(data: bytes, start: int) -> int:
-    m = _MARKER.search(data, start)
-    return -1 if m is None else m.start()
+_stream_end: Any = None
 
 
-#: Streams on which the native search must answer as the regular expression does before it is used.
-_MARKER_CASES = (b"", b"\xff", b"\xff\xd9", b"ab\xff\x00\xff\xd0\xff\xff\xd9", b"\xff\xff\xff", b"\x00\xff\x00",
-                 b"\xff\xd7\xff\xc4\x00", bytes(range(256)) * 3, b"\xff\x00" * 40 + b"\xff\xda")
-_marker_search: Any = None
-
-
-def _marker_after() -> Any:
-    """``(data, start) -> position`` of the first marker in entropy-coded data at or after ``start`` (-1: none):
-    the native search (``csrc/markers.c``, a few microseconds a photo, where the regular expression takes tens
-    holding the GIL) once it has answered as the regular expression on :data:`_MARKER_CASES`; else the regular
-    expression."""
-    global _marker_search
-    if _marker_search is None:
-        found: Any = _marker_by_regex
+def _stream_check() -> Any:
+    """The native whole-stream check, or None where the extension is missing or switched off."""
+    global _stream_end
+    if _stream_end is None:
         try:
             from ..kernels import native
 
-            fast = native.extension().marker_after
-            if all(fast(c, k) == _marker_by_regex(c, k) for c in _MARKER_CASES for k in (0, 1, 3, len(c))):
-                found = fast
-        except Exception:  # noqa: BLE001 - no native module here (or switched off): the regular expression
-            pass
-        _marker_search = found
-    return _marker_search
-
-
-def _first_scan(data: bytes) -> int:
-    """Where the first scan's marker is, found by walking the segments (a thumbnail inside an APPn segment has
-    markers of its own), after a frame header of :data:`_SOF_TAKEN`, 8-bit; -1 where there is none such."""
-    i, framed, n = 2, False, len(data)
-    while i + 4 <= n:
-        if data[i] != 0xFF:
-            return -1
-        code = data[i + 1]
-        if code == 0xFF:
-            i += 1
-            continue
-        if code == 0xDA:
-            return i if framed else -1
-        if 0xC0 <= code <= 0xCF and code not in (0xC4, 0xC8, 0xCC):
-            if framed or code not in _SOF_TAKEN or data[i + 4] != 8:
-                return -1
-            framed = True
-        i += 2 + ((data[i + 2] << 8) | data[i + 3])
-    return -1
-
-
-def _scan_taken(data: bytes, at: int) -> bool:
-    """A later scan's header whose parameters libjpeg takes without a fatal error."""
-    if at + 5 > len(data):
-        return False
-    length = (data[at + 2] << 8) | data[at + 3]
-    ns = data[at + 4]
-    if not 1 <= ns <= 4 or length != 6 + 2 * ns or at + 2 + length > len(data):
-        return False
-    ss, se, a = data[at + 5 + 2 * ns], data[at + 6 + 2 * ns], data[at + 7 + 2 * ns]
-    return ss <= se <= 63 and (a >> 4) <= 13 and (a & 15) <= 13
+            _stream_end = native.extension().stream_end
+        except Exception:  # noqa: BLE001 - no native module here (or switched off): no lazy decode
+            _stream_end = False
+    return _stream_end or None
 
 
 def _position_after_load(data: bytes, end: int) -> int:

@@ -31,8 +31,10 @@ class ComposeState:
         same default dtype."""
         import torch
 
+        if compose is not self.compose:
+            return False
         items = compose.transforms
-        if compose is not self.compose or len(items) != len(self.items) or torch.get_default_dtype() != self.dtype:
+        if len(items) != len(self.items) or torch.get_default_dtype() != self.dtype:
             return False
         try:
             return all(t is u and vars(t) == snap for t, u, snap in zip(items, self.items, self.snapshot))
