@@ -155,11 +155,14 @@ def _start_processes(stock_iter: Callable[[], Any], loader: Any, uint8: uint8_ba
     from ..vision.kernels import native
     from .datasets import lazy_samples
     from .workers import processes as workers
+    from .workers import virtual_eligibility
 
     if fetch.patched_dataset(loader.dataset):
         native.check_all()  # (once here: every worker inherits the verdicts instead of checking again)
     else:
         lazy_samples.check_kernels()  # (the same, for the kernels a user's own dataset's lazy images may use)
+        if virtual_eligibility.start_method(loader) == "fork":  # (a fresh worker gets pixels by pickle)
+            lazy_samples.hold_pixels_before_fork(loader_threads.threads())
     # Workers read ``worker_init_fn`` as the iterator starts them: the step goes around the user's function for
     # exactly that moment, and the attribute reads as the user left it afterwards.
     with _start_lock:

@@ -78,10 +78,11 @@ def _run_lazy(compose: Any, img: Any, pending: lazy_jpeg.PendingDecode) -> Any:
         out = _defer(sink, compose, pending)
         if out is not _NOT_TAKEN:
             return out
+    px = _pixels_outside_a_batch(pending, img.info)
+    if px is None:
+        return _NOT_TAKEN
     beyond = compose_plan.draws_from_python(compose)
     states = generator_states.take(beyond)
-    px = compose_plan.JpegPixels(pending.data, pending.hw, None)
-    px.info = img.info
     try:
         out = compose_call.run_compose(compose, px)
     except compose_plan.DecodeFailed:
@@ -90,6 +91,23 @@ def _run_lazy(compose: Any, img: Any, pending: lazy_jpeg.PendingDecode) -> Any:
     if report.stats is not None:
         report.count(REPORT_KEY, True, "lazy image: crop-region decode in the transform")
     return plain(out)
+
+
+def _pixels_outside_a_batch(pending: lazy_jpeg.PendingDecode, info: dict[Any, Any]) -> Any:
+    """What a render outside a batch reads: the JPEG's bytes (a first crop decodes only its window); the pixels,
+    where the image holds them, or is rendered a second time (it is kept: stock decoded it once, at ``convert``);
+    None where PIL holds them now (the transform's ordinary call)."""
+    if pending.pixels is None and pending.renders:
+        pending.kept_pixels()
+    pending.renders += 1
+    pixels, data = pending.pixels, pending.data
+    if pixels is not None:
+        return compose_plan.Pixels(pixels, info)
+    if data is None:
+        return None
+    px = compose_plan.JpegPixels(data, pending.hw, None)
+    px.info = info
+    return px
 
 
 def _defer(sink: _Batch, compose: Any, pending: lazy_jpeg.PendingDecode) -> Any:
@@ -166,11 +184,13 @@ class _Bound:
 
 
 def _render_recording(recording: Any, pending: lazy_jpeg.PendingDecode) -> Any:
-    px = compose_plan.JpegPixels(pending.data, pending.hw, None)
-    try:
-        return compose_plan.render(recording, px)
-    except compose_plan.DecodeFailed:
-        return compose_plan.render(recording, compose_plan.Pixels(_decoded(pending)))
+    pixels, data = pending.pixels, pending.data
+    if pixels is None and data is not None:
+        try:
+            return compose_plan.render(recording, compose_plan.JpegPixels(data, pending.hw, None))
+        except compose_plan.DecodeFailed:
+            pass
+    return compose_plan.render(recording, compose_plan.Pixels(pixels if pixels is not None else _decoded(pending)))
 
 
 def _decoded(pending: lazy_jpeg.PendingDecode) -> np.ndarray:
@@ -181,15 +201,21 @@ def _decoded(pending: lazy_jpeg.PendingDecode) -> np.ndarray:
     return np.asarray(img)
 
 
-def _render(job: oprunner.NativeRun, pending: lazy_jpeg.PendingDecode) -> Any:
-    """The sample's tensor, its pixels written (into its slot, where it has one): the crop's window decoded, else
-    PIL's full decode of the bytes."""
-    try:
-        # (its markers were checked to the end of the image at convert: damage below the crop, which a strict
-        # decode of the rest would find, leaves the crop's pixels as PIL's decode makes them)
-        return oprunner.run_jpeg(job, pending.data, pending.hw, None, check_rest=False)
-    except Exception:  # noqa: BLE001 - a stream the strict decoders refuse: PIL decides, as stock's load
-        pass
+def _render(job: oprunner.NativeRun, pending: lazy_jpeg.PendingDecode, keep: bool = False) -> Any:
+    """The sample's tensor, its pixels written (into its slot, where it has one): from the pixels the image holds
+    (``keep``: it is kept beyond the batch, so it decodes them once now, as stock's ``convert`` did); else the
+    crop's window decoded, else PIL's full decode of the bytes."""
+    pixels = pending.kept_pixels() if keep else pending.pixels
+    if pixels is not None:
+        return oprunner.run(job, pixels)
+    data = pending.data
+    if data is not None:
+        try:
+            # (its markers were checked to the end of the image at convert: damage below the crop, which a strict
+            # decode of the rest would find, leaves the crop's pixels as PIL's decode makes them)
+            return oprunner.run_jpeg(job, data, pending.hw, None, check_rest=False)
+        except Exception:  # noqa: BLE001 - a stream the strict decoders refuse: PIL decides, as stock's load
+            pass
     return oprunner.run(job, _decoded(pending))
 
 
@@ -262,8 +288,13 @@ class _Batch:
             self.waiting.clear()
         if not entries:
             return
-        parallel = n_threads > 1 and len(entries) > 1
-        outcomes = render_pool.map_outcomes(lambda e: _render(e[1], e[2]), entries, n_threads if parallel else 1,
+        # an image still alive once its __getitem__ returned is kept by the user's code (a list of images loaded
+        # once, a cache): it holds its pixels from now on, as stock's does
+        kept = [_held(pending) > _ENTRY_ONLY for _, _, pending in entries]  # (the shape _ENTRY_ONLY is measured in)
+        jobs = [(job, pending, keep) for (_, job, pending), keep in zip(entries, kept)]
+        del entries
+        parallel = n_threads > 1 and len(jobs) > 1
+        outcomes = render_pool.map_outcomes(lambda e: _render(*e), jobs, n_threads if parallel else 1,
                                             thread_modes.capture() if parallel else None)
         for ok, error in outcomes:
             if not ok:
@@ -312,6 +343,22 @@ class _Batch:
             else:
                 sample[key] = slots[k]
         return base, slots
+
+
+def _held(obj: Any) -> int:
+    return sys.getrefcount(obj)
+
+
+def _entry_only() -> int:
+    """:func:`_held`'s count of a pending decode held by the batch's entry alone, where :meth:`_Batch.finish`
+    counts it (measured in the same shape, not assumed: what a loop variable or an argument adds differs between
+    Python versions)."""
+    entries = list({0: (object(), None, object())}.values())
+    kept = [_held(pending) for _, _, pending in entries]
+    return kept[0]
+
+
+_ENTRY_ONLY = _entry_only()
 
 
 def _references(sample: Any, t: Any) -> tuple[int, int]:
@@ -390,6 +437,19 @@ def _mode_class() -> type:
 
 
 _mode_cls: type | None = None
+
+
+def hold_pixels_before_fork(n_threads: int) -> None:
+    """Before worker processes fork: every lazy image alive holds its pixels (decoded on ``n_threads`` threads).
+    Images alive now are the script's own (a list of images loaded once): stock decoded them at ``convert``, so
+    its forked workers inherit pixels; decoded in each worker instead, they would be decoded again in every
+    epoch's workers."""
+    pending = lazy_jpeg.undecoded_alive()
+    if not pending:
+        return
+    outcomes = render_pool.map_outcomes(lambda p: p.kept_pixels(), pending, n_threads,
+                                        thread_modes.capture() if n_threads > 1 else None)
+    del outcomes  # (an image that fails to decode raises where its pixels are read, as stock's would)
 
 
 def fetched(load: Callable[[], Any]) -> Any:

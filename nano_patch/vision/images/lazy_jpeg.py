@@ -38,18 +38,25 @@ _MAX_BLOCK = ImageFile.MAXBLOCK
 
 
 class PendingDecode:
-    """Stands in ``Image._im`` for a lazy image until its pixels are read: the JPEG's bytes, read at ``convert``."""
+    """Stands in ``Image._im`` for a lazy image until PIL reads its pixels: the JPEG's bytes, read at ``convert``;
+    or, once the image has shown it is kept (:meth:`kept_pixels`), its decoded pixels in place of the bytes."""
 
-    __slots__ = ("data", "size", "source_mode", "mode", "path", "args", "truncated_ok", "_core", "_lock")
+    __slots__ = ("data", "size", "source_mode", "mode", "path", "args", "truncated_ok", "pixels", "renders",
+                 "_core", "_lock")
 
     #: PIL reads ``_im.readonly`` (``Image.readonly``): a decoded image is writable
     readonly = 0
 
     def __init__(self, data: bytes, size: tuple[int, int], source_mode: str, mode: str, path: Any,
                  args: tuple[Any, ...], truncated_ok: bool) -> None:
-        self.data, self.size = data, size  # size: PIL's (width, height)
+        self.data: bytes | None = data  # (None once the pixels are held instead)
+        self.size = size  # PIL's (width, height)
         self.source_mode, self.mode, self.path, self.args = source_mode, mode, path, args
         self.truncated_ok = truncated_ok
+        #: the decoded pixels (H x W x 3, read-only), for an image rendered more than once: stock decodes once
+        self.pixels: Any = None
+        #: renders of this image outside a batch (a second one keeps its pixels)
+        self.renders = 0
         self._core: Any = None
         self._lock = threading.Lock()
 
@@ -61,14 +68,46 @@ class PendingDecode:
         return self.size[1], self.size[0]
 
     def core(self) -> Any:
-        """The decoded core, made once (PIL's JPEG decoder on the bytes, as stock's ``load``, then its ``convert``)."""
+        """The decoded core, made once (PIL's JPEG decoder on the bytes, as stock's ``load``, then its ``convert``;
+        or a copy of the pixels kept): from then on PIL holds the pixels, and the bytes are let go."""
         core = self._core
         if core is None:
             with self._lock:
                 core = self._core
                 if core is None:
-                    core = self._core = _decode(self)
+                    pixels = self.pixels
+                    core = Image.fromarray(pixels).im if pixels is not None else _decode(self)
+                    self._core, self.data = core, None
         return core
+
+    def kept_pixels(self) -> Any:
+        """The pixels as a read-only H x W x 3 array, decoded once and held from now on in place of the bytes (an
+        image kept across epochs renders from them, as stock's holds its decoded pixels): libjpeg-turbo's strict
+        decode, which is PIL's for the streams a lazy image takes, else PIL's own."""
+        pixels = self.pixels
+        if pixels is None:
+            with self._lock:
+                pixels = self.pixels
+                if pixels is None:
+                    pixels = self.pixels = _pixels_of(self)
+                    self.data = None
+        return pixels
+
+
+def _pixels_of(p: PendingDecode) -> Any:
+    import numpy as np
+
+    a = None
+    if p._core is None and p.data is not None:
+        try:
+            a = decode.decode_rgb(p.path, data=p.data, checked=True)  # (its markers were checked at convert)
+        except Exception:  # noqa: BLE001 - a stream the strict decode refuses: PIL's decode decides
+            a = None
+    if a is None or a.shape[:2] != p.hw:
+        core = p._core if p._core is not None else _decode(p)
+        a = np.asarray(Image.Image()._new(core))
+    a.flags.writeable = False
+    return a
 
 
 def _decode(p: PendingDecode) -> Any:
@@ -112,6 +151,18 @@ def decode_all() -> None:
         if img is not None and type(img.__dict__.get("_im")) is PendingDecode:
             with contextlib.suppress(Exception):  # (stock's error, raised where its pixels are read)
                 image_core(img)
+
+
+def undecoded_alive() -> list[PendingDecode]:
+    """The pending decodes of the lazy images alive now whose pixels neither they nor PIL hold yet."""
+    with _live_lock:
+        images = [ref() for ref in _live.values()]
+    found = []
+    for img in images:
+        p = img.__dict__.get("_im") if img is not None else None
+        if type(p) is PendingDecode and p.pixels is None and p._core is None and p.data is not None:
+            found.append(p)
+    return found
 
 
 def pending_of(img: Any) -> PendingDecode | None:
@@ -206,9 +257,14 @@ def convert_lazily(img: Any, mode: Any, matrix: Any) -> Image.Image | None:
         if source is None:
             return None
     # stock's result: a new image over the decode (copied, or converted from grey), the file's info copied
+    pending = PendingDecode(source.data, source.size, source.source_mode, "RGB", source.path, source.args,
+                            source.truncated_ok)  # type: ignore[arg-type]
+    if source.data is None:  # (its pixels are held: shared, read-only, as a copy is)
+        pending.pixels = source.pixels
+        if pending.pixels is None or source.source_mode != "RGB":
+            return None
     out = Image.Image()
-    out._im = PendingDecode(source.data, source.size, source.source_mode, "RGB", source.path, source.args,
-                            source.truncated_ok)
+    out._im = pending
     out._mode = "RGB"
     out._size = img.size
     out.info = img._copy_info()
