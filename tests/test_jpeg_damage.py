@@ -133,8 +133,7 @@ def _damages(data: bytes, progressive: bool) -> dict[str, bytes]:
                 out[f"scan {k}: two components in an ac band"] = _patched(data, i + 4, bytes([2]))
                 out[f"scan {k}: refinement al not ah-1"] = _patched(data, end - 1, bytes([0x31]))
                 out[f"scan {k}: ac table 3 undefined"] = _patched(data, i + 6, bytes([data[i + 6] & 0xF0 | 3]))
-        later_dht = [(i, end) for i, c, end in _segments(data) if c == 0xC4][2:4]
-        for i, end in later_dht:
+        for i in [i for i, c, _ in _segments(data) if c == 0xC4][2:4]:
             out[f"dht at {i}: code space overflows"] = _patched(data, i + 5, bytes([2, 2]))
             out[f"dht at {i}: count past the segment"] = _patched(data, i + 20, bytes([200]))
     for i, code, _ in _segments(data):  # truncated at each segment boundary

@@ -91,7 +91,8 @@ def make_fetch(stock_fetch: Callable[..., Any], subset_cls: type) -> Callable[..
             if hasattr(self.dataset, "__getitems__") and self.dataset.__getitems__:
                 cls = type(self.dataset)
                 if (stock_subset_getitems is not None and getattr(cls, "__getitems__", None) is stock_subset_getitems
-                        and _getitem_owner(cls) is subset_cls and subset_cls.__getitem__ is stock_subset_getitem):
+                        and _getitem_owner(cls) is subset_cls and subset_cls.__getitem__ is stock_subset_getitem
+                        and "__getitems__" not in getattr(self.dataset, "__dict__", ())):  # (not the instance's own)
                     data = lazy_samples.fetched(lambda: _subset_getitems(self.dataset, possibly_batched_index))
                 else:
                     data = lazy_samples.fetched(lambda: self.dataset.__getitems__(possibly_batched_index))

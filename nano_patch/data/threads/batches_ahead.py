@@ -121,6 +121,10 @@ def _defined(cls: type, name: str) -> Any:
 _NONE = object()
 
 
+#: the root dataset's attributes its ``__getitem__`` reads
+_ATTRIBUTES = ("samples", "loader", "transform", "target_transform")
+
+
 @dataclass(eq=False)
 class _Reads:
     """What stock's fetch of a batch reads at ``next()`` (the module's inventory, files aside), at one moment."""
@@ -155,8 +159,7 @@ class _Reads:
 
         return cls(chain=tuple((o, _class_reads(o)) for o in objects),
                    indices=tuple(s.indices for s in subsets),
-                   attributes=(getattr(root, "samples", None), getattr(root, "loader", None),
-                               getattr(root, "transform", None), getattr(root, "target_transform", None)),
+                   attributes=tuple(getattr(root, name, None) for name in _ATTRIBUTES),  # type: ignore[arg-type]
                    collate=(it._dataset_fetcher.collate_fn, fn_map.get(torch.Tensor), fn_map.get(int)),
                    backend=torchvision.get_image_backend(), draws_stock=torch_draws.defaults_are_stock(),
                    state=worker_state.capture(), modes=thread_modes.capture())
@@ -178,10 +181,9 @@ class _Reads:
             return "the dataset, a Subset or its class changed"
         if any(a is not b for a, b in zip(self.indices, then.indices)):
             return "a Subset's indices changed"
-        if any(a is not b for a, b in zip(self.attributes, then.attributes)):
-            names = ("samples", "loader", "transform", "target_transform")
-            return f"the dataset's {next(n for n, a, b in zip(names, self.attributes, then.attributes) if a is not b)}" \
-                   " changed"
+        changed = [n for n, a, b in zip(_ATTRIBUTES, self.attributes, then.attributes) if a is not b]
+        if changed:
+            return f"the dataset's {changed[0]} changed"
         if any(a is not b for a, b in zip(self.collate, then.collate)):
             return "the collate function changed"
         if self.backend != then.backend:
@@ -224,12 +226,14 @@ AHEAD = 2
 
 
 class _Ahead:
-    """One iterator's batches made ahead (weakly bound to it: a dropped iterator is not kept alive)."""
+    """One iterator's batches made ahead (weakly bound to it: a dropped iterator is not kept alive; the loader is
+    held while the iterator lives)."""
 
     def __init__(self, iterator: Any, loader: Any, n_threads: int, uint8: Any) -> None:
         self._iterator = weakref.ref(iterator)
         self._uint8 = uint8
-        self._loader = weakref.ref(loader)
+        # (held, not weakly: ``for batch in DataLoader(...)`` drops the loader while its iterator runs)
+        self._loader = loader
         self._n_threads = n_threads
         #: the reads the loader's eligibility was last decided on (it was: ``install`` checked it)
         self._eligible: _Reads | None = _Reads.now(iterator)
@@ -270,9 +274,8 @@ class _Ahead:
     def _fill(self, it: Any) -> None:
         """Up to :data:`AHEAD` batches made ahead on the loader thread, each from where the one before it leaves
         torch's generator (the first from where it stands now)."""
-        loader = self._loader()
-        if loader is None or getattr(loader, "_nano_ahead_off", None) is not None or config.in_force() is None \
-                or exit_gate.exiting():
+        loader = self._loader
+        if getattr(loader, "_nano_ahead_off", None) is not None or config.in_force() is None or exit_gate.exiting():
             return
         while len(self._queue) < AHEAD:
             last = self._queue[-1] if self._queue else None
@@ -311,8 +314,8 @@ class _Ahead:
         eligible = self._eligible
         if eligible is not None and reads.changed(eligible, modes=False) is None and reads.draws_stock:
             return True
-        loader = self._loader()
-        why = "the loader is gone" if loader is None else why_not_made_apart(loader)
+        loader = self._loader
+        why = why_not_made_apart(loader)
         if why is None and not reads.draws_stock:
             why = "torch's default dtype or device is not the draws' (float32 on the CPU)"
         if why is not None:
@@ -375,20 +378,17 @@ class _Ahead:
                 for (path, _), then_file in zip(entries, pending.files)):
             return self._thrown(pending, "a sample's file changed, or was too new to prove unchanged, since it was "
                                          "read")
-        loader = self._loader()
+        loader = self._loader
         if not pending.draws.to_torch_unless_moved():
             # (counted on the loader, across its epochs: a step that draws keeps drawing)
-            moved = getattr(loader, "_nano_ahead_moved", 0) + 1
-            if loader is not None:
-                loader._nano_ahead_moved = moved
-            if moved >= MOVED_LIMIT and loader is not None:
+            moved = loader._nano_ahead_moved = getattr(loader, "_nano_ahead_moved", 0) + 1
+            if moved >= MOVED_LIMIT:
                 why = (f"torch's generator moved between batches {MOVED_LIMIT} times in a row (the training step "
                        f"draws from it)")
                 loader._nano_ahead_off = why
                 report.count(REPORT_KEY, False, f"num_workers=0: no more batches made ahead for this loader: {why}")
             return self._thrown(pending, _MOVED)
-        if loader is not None:
-            loader._nano_ahead_moved = 0
+        loader._nano_ahead_moved = 0
         report.count(REPORT_KEY, True, "num_workers=0: a batch made ahead while the step ran, handed over")
         for counted in pending.counted:
             counted.count()

@@ -18,6 +18,7 @@ way (no standard-library pool: ``render_pool`` says why).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import sys
 import threading
 import time
@@ -87,10 +88,8 @@ def _note_ctrl_c_again() -> None:
     string since, in any thread; a loader thread that imports a module on its first image (PIL's plugins build named
     tuples with ``eval``) would make the status 1. Code evaluated from a string that raises KeyboardInterrupt
     notes it again."""
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         eval("(_ for _ in ()).throw(KeyboardInterrupt)")  # noqa: S307 - a constant expression of our own
-    except KeyboardInterrupt:
-        pass
 
 
 forks.fresh_in_child(globals(), _lock=threading.Lock, _threads=list)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
