@@ -9,6 +9,7 @@ loader, and checks that the patched run really took the parallel path where the 
 from __future__ import annotations
 
 import shutil
+import threading
 
 import pytest
 import torch
@@ -109,18 +110,23 @@ def _equal(stock, patched):
 def parallel_batches(monkeypatch):
     """Counts the batches that really rendered on more than one thread."""
     seen = []
+    inside = threading.local()  # (map_outcomes runs its items through run_on_threads: counted once)
     real = render_pool.map_outcomes
 
     def counted(fn, items, n_threads, state=None):
         items = list(items)
         if n_threads > 1 and len(items) > 1:
             seen.append(len(items))
-        return real(fn, items, n_threads, state)
+        inside.on = True
+        try:
+            return real(fn, items, n_threads, state)
+        finally:
+            inside.on = False
 
     real_on_threads = render_pool.run_on_threads
 
     def counted_on_threads(fn, n_threads):  # a batch rendered by one native call per thread
-        if n_threads > 1:
+        if n_threads > 1 and not getattr(inside, "on", False):
             seen.append(n_threads)
         return real_on_threads(fn, n_threads)
 

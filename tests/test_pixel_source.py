@@ -199,7 +199,7 @@ def _same(a: list, b: list) -> bool:
 def test_without_the_cache_a_seen_jpeg_is_not_read_in_the_draw(tmp_path, photos, monkeypatch):
     """Epoch 1 reads each file in the draw and indexes it; epoch 2 takes its size from the index (the render reads
     it): the batches are stock's in both."""
-    from nano_patch.data.batches import batch_loader
+    from nano_patch.data.batches import batch_loader, drawn_batches
     from nano_patch.vision.images import decode
     from nano_patch.vision.kernels import native
     from nano_patch.vision.plans import oprunner
@@ -241,6 +241,7 @@ def test_without_the_cache_a_seen_jpeg_is_not_read_in_the_draw(tmp_path, photos,
 
     monkeypatch.setattr(decode, "read_bytes", read_bytes)
     monkeypatch.setattr(batch_loader, "source_of", source)
+    monkeypatch.setattr(drawn_batches, "source_of", source)  # (the batches made ahead draw there)
     monkeypatch.setattr(oprunner, "run_file", run_file)
     monkeypatch.setattr(oprunner, "native_batch", native_batch)
     assert _same(_epoch(ds, 0), stock[0])
