@@ -138,8 +138,11 @@ if cfg["mode"] == "gil":
     if word is not None:  # the GIL holder's word, read from another process (GIL_PROBE)
         cmd = [sys.executable, "-c", GIL_PROBE, str(os.getpid()), str(word), str(cfg["rate"]), str(cfg["seconds"])]
     else:
-        cmd = [cfg["py_spy"], "record", "--pid", str(os.getpid()), "--gil", "--idle", "--nonblocking", "--rate",
-               str(cfg["rate"]), "--duration", str(cfg["seconds"]), "--format", "raw", "--output", cfg["spy_out"]]
+        # (py-spy's default mode pauses the process at each sample, as a user runs it; --nonblocking does not)
+        cmd = [cfg["py_spy"], "record", "--pid", str(os.getpid()), "--gil", "--idle", "--rate", str(cfg["rate"]),
+               "--duration", str(cfg["seconds"]), "--format", "raw", "--output", cfg["spy_out"]]
+        if cfg.get("probe") == "py-spy-nonblocking":
+            cmd.insert(6, "--nonblocking")
     spy = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # (summary on stdout)
     while spy.poll() is None:
         for x, y in loader:
@@ -152,7 +155,7 @@ if cfg["mode"] == "gil":
         raise SystemExit("%s failed (exit %s): %s" % (cmd[0], spy.returncode, err[-2000:]))
     out.update(gil_samples=int(found.group(1)), spy_errors=int(found.group(2)),
                ticks=int(found.group(3)) if found.group(3) else cfg["rate"] * cfg["seconds"],
-               probe="word" if word is not None else "py-spy")
+               probe="word" if word is not None else cfg.get("probe", "py-spy"))
 else:
     while True:
         for x, y in loader:
@@ -246,40 +249,55 @@ def _progress(key: str, r: dict) -> None:
           flush=True)
 
 
-GIL_CONFIGS = [(p, c) for p in ("pets", "b", "c") for c in ("off", "warm")] + [("pets", "stock")]
+def gil_configs(args) -> list[tuple[str, str, int]]:
+    """(pipeline, cache, batch) for the GIL table: each pipeline, cache off and warm, each batch; stock pets."""
+    pipelines = [p for p in args.gil_pipelines.split(",") if p]
+    batches = [int(b) for b in args.gil_batches.split(",") if b]
+    return [(p, c, b) for p in pipelines for c in ("off", "warm") for b in batches] + [("pets", "stock", batches[0])]
+
+
+def gil_key(pipeline: str, cache: str, batch: int) -> str:
+    return f"{pipeline} | {'stock, one by one' if cache == 'stock' else f'cache {cache}'} | batch {batch}"
 
 
 def gil_table(args, root: str, cache_dir: str, py_spy: str, tmp: Path) -> dict:
-    """GIL and CPU time per image for each pipeline and cache (and stock pets), medians of interleaved rounds."""
-    runs: dict[str, list[dict]] = {}
+    """GIL and CPU time per image for each pipeline, cache and batch (and stock pets), read by each probe in turn
+    (the GIL holder's word from another process, py-spy --gil as a user runs it), medians of interleaved rounds."""
+    runs: dict[str, dict[str, list[dict]]] = {}
+    probes = [p for p in args.probes.split(",") if p]
+    configs = [(c, probe) for c in gil_configs(args) for probe in probes]
     for rnd in range(args.gil_rounds):
-        for pipeline, cache in GIL_CONFIGS:
+        for (pipeline, cache, batch), probe in configs if rnd % 2 == 0 else configs[::-1]:
             stock = cache == "stock"
-            cfg = {"root": root, "pipeline": pipeline, "batch": args.gil_batch, "cache_dir": cache_dir,
-                   "mode": "gil", "py_spy": py_spy, "rate": args.rate, "seconds": args.gil_seconds, "probe": args.probe,
-                   "spy_out": str(tmp / f"spy-{rnd}-{pipeline}-{cache}.txt"), "workers": 0,
+            cfg = {"root": root, "pipeline": pipeline, "batch": batch, "cache_dir": cache_dir,
+                   "mode": "gil", "py_spy": py_spy, "rate": args.rate, "seconds": args.gil_seconds, "probe": probe,
+                   "spy_out": str(tmp / f"spy-{rnd}-{pipeline}-{cache}-{batch}-{probe}.txt"), "workers": 0,
                    "side": "stock" if stock else "patched", "cache": "off" if stock else cache,
                    "threads": 1 if stock else args.gil_threads, "torch_threads": args.torch_threads or None}
             r = run(cfg)
             share = r["gil_samples"] / max(1, r["ticks"] - r["spy_errors"])
             r.update(gil_share=share, gil_s_per_image=share / r["images_per_s"])
-            key = f"{pipeline} | {'stock, one by one' if stock else f'cache {cache}'}"
-            runs.setdefault(key, []).append(r)
-            print(f"  {key}: GIL held {share:.0%} of the time, {r['gil_s_per_image'] * 1e6:.0f} us/image, "
-                  f"{r['cpu_s_per_image'] * 1e6:.0f} us CPU/image, {r['run_delay_s_per_image'] * 1e6:.0f} us/image "
-                  "waiting for a core", flush=True)
+            key = gil_key(pipeline, cache, batch)
+            runs.setdefault(key, {}).setdefault(r["probe"], []).append(r)
+            print(f"  {key} | {r['probe']}: GIL held {share:.0%} of the time, {r['gil_s_per_image'] * 1e6:.1f} "
+                  f"us/image, {r['cpu_s_per_image'] * 1e6:.0f} us CPU/image, {r['images_per_s']:.0f} images/s, "
+                  f"{r['run_delay_s_per_image'] * 1e6:.0f} us/image waiting for a core", flush=True)
     table = {}
-    for key, rs in runs.items():
-        gil = statistics.median(r["gil_s_per_image"] for r in rs)
-        cpu = statistics.median(r["cpu_s_per_image"] for r in rs)
-        f = gil / cpu
-        table[key] = {"gil_us_per_image": gil * 1e6, "cpu_us_per_image": cpu * 1e6, "f": f,
-                      # other load only adds to the GIL time (a preempted holder keeps it): the least is a bound
-                      "gil_us_per_image_min": min(r["gil_s_per_image"] for r in rs) * 1e6,
-                      "run_delay_us_per_image": statistics.median(r["run_delay_s_per_image"] for r in rs) * 1e6,
-                      "images_per_s": statistics.median(r["images_per_s"] for r in rs),
-                      "gil_share_of_wall": statistics.median(r["gil_share"] for r in rs),
-                      "amdahl_bound": {str(n): amdahl(f, n) for n in BOUNDS_AT}, "runs": rs}
+    for key, by_probe in runs.items():
+        table[key] = {}
+        for probe, rs in by_probe.items():
+            gil = statistics.median(r["gil_s_per_image"] for r in rs)
+            cpu = statistics.median(r["cpu_s_per_image"] for r in rs)
+            f = gil / cpu
+            table[key][probe] = {
+                "gil_us_per_image": gil * 1e6, "cpu_us_per_image": cpu * 1e6, "f": f,
+                # other load only adds to the GIL time (a preempted holder keeps it): the least is a bound
+                "gil_us_per_image_min": min(r["gil_s_per_image"] for r in rs) * 1e6,
+                "gil_us_per_image_max": max(r["gil_s_per_image"] for r in rs) * 1e6,
+                "run_delay_us_per_image": statistics.median(r["run_delay_s_per_image"] for r in rs) * 1e6,
+                "images_per_s": statistics.median(r["images_per_s"] for r in rs),
+                "gil_share_of_wall": statistics.median(r["gil_share"] for r in rs),
+                "amdahl_bound": {str(n): amdahl(f, n) for n in BOUNDS_AT}, "runs": rs}
     return table
 
 
@@ -315,6 +333,32 @@ def chart(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def chart_gil(result: dict, path: Path) -> None:
+    """The GIL table: GIL time per image by configuration, one bar per probe."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    gil = result["gil"]
+    keys = list(gil)
+    probes = sorted({p for g in gil.values() for p in g})
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(keys) + 2), 4.2))
+    width = 0.8 / len(probes)
+    for i, probe in enumerate(probes):
+        ax.bar([k + i * width for k in range(len(keys))],
+               [gil[key][probe]["gil_us_per_image"] if probe in gil[key] else 0 for key in keys], width,
+               label=_probe_name(probe))
+    ax.axhline(15, color="k", lw=0.8, ls="--", label="15 us (f = 0.05 at 300 us of CPU)")
+    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(keys))])
+    ax.set_xticklabels(keys, rotation=35, ha="right", fontsize=7)
+    ax.set_ylabel("GIL held per image, us (median)")
+    ax.set_title(f"GIL time per image, {result['gil_setup']}\n{result['machine']}", fontsize=8)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def print_tables(result: dict) -> None:
     rows, ns = result["rows"], result["ns"]
     print(f"\n{result['machine']}; images/s, one fresh process per configuration, batch {result['batch']}")
@@ -337,22 +381,32 @@ def print_tables(result: dict) -> None:
                       f"rates {chose.get('images_per_s')})")
     gil = result.get("gil")
     if gil:
-        probes = sorted({r.get("probe", "py-spy") for g in result["gil"].values() for r in g["runs"]})
-        how = " and ".join("the GIL holder's word" if p == "word" else "py-spy --gil" for p in probes)
-        print(f"\nGIL per image ({how}), {result['gil_setup']}; medians of {result['gil_rounds']} rounds")
-        print("| pipeline | GIL held per image | CPU per image | f | bound at 4 | 8 | 16 threads | "
-              "waiting for a core |")
-        print("|---|---|---|---|---|---|---|---|")
+        probes = sorted({p for g in gil.values() for p in g})
+        print(f"\nGIL per image, {result['gil_setup']}; medians of {result['gil_rounds']} rounds (the range in "
+              "brackets); f and the bounds from py-spy's reading where it was taken")
+        print("| pipeline | " + " | ".join(f"GIL per image, {_probe_name(p)} | images/s" for p in probes)
+              + " | CPU per image | f | bound at 4 | 8 | 16 threads | waiting for a core |")
+        print("|---" * (2 * len(probes) + 7) + "|")
         for key, g in gil.items():
-            b = g["amdahl_bound"]
-            least = f" (least {g['gil_us_per_image_min']:.0f})" if result["gil_rounds"] > 1 else ""
-            print(f"| {key} | {g['gil_us_per_image']:.0f} us{least} | {g['cpu_us_per_image']:.0f} us | {g['f']:.2f} | "
-                  f"{b['4']:.1f}x | {b['8']:.1f}x | {b['16']:.1f}x | {g['run_delay_us_per_image']:.0f} us |")
+            main = g.get("py-spy") or next(iter(g.values()))
+            b = main["amdahl_bound"]
+            cells = " | ".join(_gil_cells(g[p]) if p in g else " | " for p in probes)
+            print(f"| {key} | {cells} | {main['cpu_us_per_image']:.0f} us | {main['f']:.3f} | {b['4']:.1f}x | "
+                  f"{b['8']:.1f}x | {b['16']:.1f}x | {main['run_delay_us_per_image']:.0f} us |")
         print("(waiting for a core: the time per image the process's threads were ready to run but other load held "
               "the cores. The GIL stays held while its holder waits, so where this is not small next to the GIL time, "
               "the GIL time is inflated by other load: measure on a quiet machine.)")
     elif "gil_skipped" in result:
         print(f"\nGIL table skipped: {result['gil_skipped']}")
+
+
+def _gil_cells(g: dict) -> str:
+    return (f"{g['gil_us_per_image']:.1f} us ({g['gil_us_per_image_min']:.1f}-{g['gil_us_per_image_max']:.1f}) | "
+            f"{g['images_per_s']:.0f}")
+
+
+def _probe_name(probe: str) -> str:
+    return {"word": "the holder's word", "py-spy": "py-spy --gil", "py-spy-nonblocking": "py-spy --nonblocking"}[probe]
 
 
 def main() -> None:
@@ -366,13 +420,16 @@ def main() -> None:
     ap.add_argument("--gil-only", action="store_true", help="only the GIL table")
     ap.add_argument("--no-gil", action="store_true", help="only the sweep")
     ap.add_argument("--gil-threads", type=int, default=2)
-    ap.add_argument("--gil-batch", type=int, default=16)
+    ap.add_argument("--gil-batches", default="16,64", help="the GIL table's batch sizes, comma-separated")
+    ap.add_argument("--gil-pipelines", default="pets,b", help="the GIL table's pipelines, comma-separated")
     ap.add_argument("--gil-seconds", type=int, default=None, help="py-spy's window (8)")
     ap.add_argument("--gil-rounds", type=int, default=1)
     ap.add_argument("--rate", type=int, default=263, help="py-spy's samples per second (not a round number: no "
                     "beat with a timer's period)")
-    ap.add_argument("--probe", choices=("word", "py-spy"), default="word",
-                    help="the GIL's holder read directly (CPython 3.11; elsewhere py-spy), or py-spy --gil")
+    ap.add_argument("--probes", default="word,py-spy",
+                    help="the GIL probes, comma-separated, each in its own window: word (the GIL holder's word read "
+                         "from another process; CPython 3.11, elsewhere py-spy), py-spy (py-spy --gil as a user runs "
+                         "it: the process paused at each sample), py-spy-nonblocking")
     ap.add_argument("--py-spy", default=None, help="py-spy's executable (default: beside python, or on PATH)")
     ap.add_argument("--stem", default=None)
     args = ap.parse_args()
@@ -409,7 +466,7 @@ def main() -> None:
             if py_spy is None:
                 result["gil_skipped"] = f"py-spy not installed (needs {PY_SPY_WHEEL})"
             else:
-                result.update(gil_setup=f"{args.gil_threads} loader threads, batch {args.gil_batch}, sampled at "
+                result.update(gil_setup=f"{args.gil_threads} loader threads, batch {args.gil_batches}, sampled at "
                                         f"{args.rate}/s for {args.gil_seconds} s per run",
                               gil_rounds=args.gil_rounds)
                 try:
@@ -417,11 +474,14 @@ def main() -> None:
                 except RuntimeError as exc:  # py-spy could not attach (permissions), or a run failed
                     result["gil_skipped"] = str(exc)[-2000:]
                     warnings.warn(f"the GIL table failed: {result['gil_skipped']}", stacklevel=1)
-    runs = list(result["rows"].values()) + [r for g in result.get("gil", {}).values() for r in g["runs"]]
+    runs = list(result["rows"].values()) + [r for g in result.get("gil", {}).values() for by in g.values()
+                                            for r in by["runs"]]
     result["children_nano_patch"] = sorted({r["nano_patch"] for r in runs if "nano_patch" in r})
     result["total_s"] = time.perf_counter() - began
     (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2))
     chart(result, RESULTS / f"{stem}.png")
+    if result.get("gil"):
+        chart_gil(result, RESULTS / f"{stem}-gil.png")
     print_tables(result)
     print(f"\nthe patched runs imported nano_patch from {', '.join(result['children_nano_patch'])}")
     print(f"{result['total_s']:.0f} s in all; results/{stem}.json and .png")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import time
 
 
 @functools.lru_cache(maxsize=1)
@@ -45,10 +46,29 @@ def cgroup_quota() -> float | None:
         return None
 
 
+#: Seconds a cgroup quota read stays in use (a container resized meanwhile is seen within this long); reading the
+#: cgroup's files costs about 50 us, and the loader asks once per batch.
+QUOTA_REFRESH_S = 5.0
+_quota_read: tuple[float, float | None] = (-math.inf, None)
+
+
+def _quota_now() -> float | None:
+    global _quota_read
+    now = time.monotonic()
+    at, quota = _quota_read
+    if now - at >= QUOTA_REFRESH_S:
+        quota = cgroup_quota()
+        _quota_read = (now, quota)
+    return quota
+
+
 def usable_cores() -> int:
     """Cores this process may keep busy: its affinity mask, capped by the cgroup's CPU quota (rounded up)."""
-    cores = len(affinity_cpus())
-    quota = cgroup_quota()
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    quota = _quota_now()
     if quota is not None:
         cores = min(cores, max(1, math.ceil(quota)))
     return max(1, cores)

@@ -242,8 +242,22 @@ def test_a_bad_loader_threads_value_names_the_option_and_the_accepted_values(val
 
 
 def _quota(monkeypatch, cpus: float | None) -> None:
-    """The cgroup's CPU quota, as the core count reads it (``sysinfo``)."""
+    """The cgroup's CPU quota, as the core count reads it (``sysinfo``), read afresh (as after its refresh time)."""
     monkeypatch.setattr(sysinfo, "cgroup_quota", lambda: cpus)
+    monkeypatch.setattr(sysinfo, "_quota_read", (float("-inf"), None))
+
+
+def test_a_changed_quota_is_seen_within_its_refresh_time(monkeypatch):
+    """The quota is read at most every ``QUOTA_REFRESH_S`` (the loader asks once per batch; a read costs ~50 us)."""
+    now = [1000.0]
+    monkeypatch.setattr(sysinfo.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(sysinfo.os, "sched_getaffinity", lambda pid: set(range(8)))
+    _quota(monkeypatch, 2.0)
+    assert sysinfo.usable_cores() == 2
+    monkeypatch.setattr(sysinfo, "cgroup_quota", lambda: 6.0)  # the container resized
+    assert sysinfo.usable_cores() == 2
+    now[0] += sysinfo.QUOTA_REFRESH_S
+    assert sysinfo.usable_cores() == 6
 
 
 def test_usable_cores_are_the_affinity_capped_by_the_cgroup_quota(monkeypatch):

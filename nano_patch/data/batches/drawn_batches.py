@@ -95,8 +95,9 @@ def load_drawn(dataset: Any, owner: Any, entries: list[tuple[Any, Any]], draws: 
     back). ``owner``: the dataset whose tables (header index, cache choice) serve ``dataset``, a snapshot of it.
     ``uint8``: the Compose to stop before its tail (the device finishes the batch). ``counted``: where given (and
     the run report is on), a batch loaded whole appends what the report counts of it (:class:`Counted`).
-    ``files``: where given, each sample's file identity is appended as it stands just before the file is read
-    (``file_index.settled_identity``), for a batch made ahead to prove its files unchanged at hand-over."""
+    ``files``: where given, each sample's file identity is appended as it stands just before the file is read (None
+    where it proves nothing: ``file_index.settled``), for a batch made ahead to prove its files unchanged at
+    hand-over."""
     with compose_call.uint8_here(uint8) if uint8 is not None else contextlib.nullcontext():
         return _load_drawn(dataset, owner, entries, draws, n_threads, counted, files)
 
@@ -113,11 +114,15 @@ def _load_drawn(dataset: Any, owner: Any, entries: list[tuple[Any, Any]], draws:
     if not entries:
         return GivenBack("an empty batch")
     jobs: list[SampleJob] = []
-    for path, _ in entries:
-        if files is not None:
-            files.append(file_index.settled_identity(path))
+    # every file stat'ed at once, before any is read (the header index's check, and what a batch made ahead proves)
+    idents = file_index.identities([path for path, _ in entries])
+    if files is not None:
+        now = time.time_ns()
+        files.extend(ident if file_index.settled(ident, now) else None for ident in idents)
+    for (path, _), ident in zip(entries, idents):
         try:
-            job = source_of(path, tables.store, tables.crop_window, tables.index, tables.headers, quiet=True)
+            job = source_of(path, tables.store, tables.crop_window, tables.index, tables.headers, quiet=True,
+                            identity=ident)
         except OneByOne as exc:  # stock's code decides what this file gives (a stand-in runs it)
             return GivenBack(f"{exc} ({os.path.basename(str(path))})")
         except Exception as exc:  # noqa: BLE001 - (the same: stock's error, if any, from stock's code)

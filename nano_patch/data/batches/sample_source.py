@@ -12,6 +12,7 @@ samples reads for it, the same for the thread path and the virtual workers' draw
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -85,12 +86,14 @@ def _quiet_size_rule(height: int, width: int) -> None:
 
 
 def source_of(path: Any, store: cache.Store | None, crop_window: bool, index: file_index.FileIndex | None = None,
-            headers: file_index.HeaderIndex | None = None, quiet: bool = False) -> SampleJob:
+              headers: file_index.HeaderIndex | None = None, quiet: bool = False,
+              identity: Any = file_index.UNREAD) -> SampleJob:
     """Where the sample's pixels come from (``source.look_up``: a cache hit, a miss to decode and store, or no
     cache), and, for a JPEG to decode, its size from the header, after PIL's open checks. ``headers``: where the
     image is not cached, the dataset's index of plain JPEGs' sizes (the file is then read on the render's thread).
     ``quiet``: anything that would give a warning or need PIL here (a size PIL's rule acts on, a JPEG with EXIF or
     MPF data, another kind of file, a truncated one) raises :class:`OneByOne` instead, having warned nothing.
+    ``identity``: the file's identity, where the caller stat'ed it just now (``file_index.identities``).
     """
     material = None  # a miss to store, or None
     if store is not None:
@@ -104,14 +107,17 @@ def source_of(path: Any, store: cache.Store | None, crop_window: bool, index: fi
     else:
         lookup_s = 0.0
     if material is None and headers is not None:
-        indexed = headers.size_of(path)
+        indexed = headers.size_of(path, identity)
         if indexed is not None:  # a plain, whole JPEG, unchanged: its open checks come down to the size rule
             if not decode.below_size_limit(*indexed):
                 if quiet:
                     raise OneByOne("an image above PIL's size limit")
                 guard(decode.check_size, *indexed)
             return SampleJob(JPEG_WINDOW if crop_window else DECODE, path, None, size=indexed, lookup_s=lookup_s)
-    identity = file_index.identity_of(path) if material is None and headers is not None else None
+    if material is not None or headers is None:
+        identity = None
+    elif identity is file_index.UNREAD:
+        identity = file_index.identity_of(path)
     data = decode.read_bytes(path)
     size = decode.jpeg_size(data)
     truncated = size is not None and decode.looks_truncated(data)
@@ -168,13 +174,34 @@ class Tables:
 
     @classmethod
     def of(cls, dataset: Any, transform: Any, plan: compose_plan.Plan | None = None) -> Tables:
+        """The tables of ``dataset`` under ``transform``: the last ones made for it while the transform, its plan
+        and the dataset's store are the same objects (a batch asks once; they change only with those)."""
         from . import sample_loading as loading
 
         store = cache.store_for(dataset)
         if plan is None:
             plan = compose_call.plan_of(transform)
+        kept = _made.get(dataset) if _weakly_keyed(dataset) else None
+        if kept is not None and kept[0] is transform and kept[1].store is store and kept[1].plan is plan:
+            return kept[1]
         with_info = loading.needs_info(transform, plan)
-        return cls(store, file_index.for_dataset(dataset) if store is not None else None,
-                   # sizes from the header index where the images are not cached
-                   file_index.headers_for(dataset) if not with_info else None,
-                   with_info, plan, plan is not None and plan.crop_first and native.available("crop_decode"))
+        tables = cls(store, file_index.for_dataset(dataset) if store is not None else None,
+                     # sizes from the header index where the images are not cached
+                     file_index.headers_for(dataset) if not with_info else None,
+                     with_info, plan, plan is not None and plan.crop_first and native.available("crop_decode"))
+        if _weakly_keyed(dataset):
+            _made[dataset] = (transform, tables)
+        return tables
+
+
+#: per dataset, the transform its tables were last made for, and the tables (:meth:`Tables.of`)
+_made: weakref.WeakKeyDictionary[Any, tuple[Any, Tables]] = weakref.WeakKeyDictionary()
+
+
+def _weakly_keyed(dataset: Any) -> bool:
+    try:
+        weakref.ref(dataset)
+        hash(dataset)
+    except TypeError:
+        return False
+    return True

@@ -373,9 +373,8 @@ class _Ahead:
         if entries is None or len(entries) != len(pending.entries) or any(  # type: ignore[arg-type]
                 a is not b for a, b in zip(entries, pending.entries)):  # type: ignore[arg-type]
             return self._thrown(pending, "the dataset's samples changed since it was made")
-        if len(pending.files) != len(entries) or any(
-                then_file is None or file_index.identity_of(path) != then_file
-                for (path, _), then_file in zip(entries, pending.files)):
+        if len(pending.files) != len(entries) or None in pending.files or \
+                file_index.identities([path for path, _ in entries]) != pending.files:
             return self._thrown(pending, "a sample's file changed, or was too new to prove unchanged, since it was "
                                          "read")
         loader = self._loader

@@ -56,18 +56,28 @@ def _autocast_devices() -> tuple[str, ...]:
     return _AUTOCAST_DEVICES
 
 
+_AUTOCAST_OFF: tuple[tuple[str, bool, Any], ...] | None = None
+
+
 def _read(full: bool = False) -> ThreadModes:
     """The thread's state (``full``: autocast's dtype also where autocast is off, to put a thread's own back)."""
     import torch
 
+    global _AUTOCAST_OFF
     C = torch._C
+    if not full and not C._is_any_autocast_enabled():  # (the usual case, in one call: autocast off everywhere)
+        autocast = _AUTOCAST_OFF
+        if autocast is None:
+            autocast = _AUTOCAST_OFF = tuple((d, False, None) for d in _autocast_devices())
+    else:
+        autocast = tuple((d, on, torch.get_autocast_dtype(d) if on or full else None)
+                         for d, on in ((d, torch.is_autocast_enabled(d)) for d in _autocast_devices()))
     return ThreadModes(
-        grad=torch.is_grad_enabled(),
-        inference=torch.is_inference_mode_enabled(),
+        grad=C.is_grad_enabled(),
+        inference=C.is_inference_mode_enabled(),
         fwd_grad=C._is_fwd_grad_enabled(),
-        autocast=tuple((d, on, torch.get_autocast_dtype(d) if on or full else None)
-                       for d, on in ((d, torch.is_autocast_enabled(d)) for d in _autocast_devices())),
-        autocast_cache=torch.is_autocast_cache_enabled(),
+        autocast=autocast,
+        autocast_cache=C.is_autocast_cache_enabled(),
         keys=(C._dispatch_tls_local_include_set(), C._dispatch_tls_local_exclude_set()),
     )
 

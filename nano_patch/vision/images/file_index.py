@@ -22,8 +22,8 @@ views are of a shared map) and adds its own. One index per dataset (``for_datase
 from __future__ import annotations
 
 import os
+import struct
 import threading
-import time
 import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -101,6 +101,10 @@ def _identity_in(material: bytes, identity: _Identity) -> bool:
     return material.endswith(":".join(map(str, identity)).encode())
 
 
+#: "the caller has not read the file's identity" (None is a file that cannot be stat'ed)
+UNREAD: Any = object()
+
+
 class HeaderIndex:
     """path -> (identity, the JPEG's size) for one dataset's files, where the decoded-image cache is off.
 
@@ -120,15 +124,18 @@ class HeaderIndex:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def size_of(self, path: str | os.PathLike[str]) -> tuple[int, int] | None:
-        """The indexed JPEG's (height, width) where the file is as it was when indexed; else None."""
+    def size_of(self, path: str | os.PathLike[str], identity: Any = UNREAD) -> tuple[int, int] | None:
+        """The indexed JPEG's (height, width) where the file is as it was when indexed; else None. ``identity``: the
+        file's, where the caller has just read it (:func:`identities`), else it is stat'ed here."""
         try:
             entry = self._entries.get(path if type(path) is str else os.fspath(path))
         except TypeError:
             return None
         if entry is None:
             return None
-        return entry[1] if entry[0] == identity_of(path) else None
+        if identity is UNREAD:
+            identity = identity_of(path)
+        return entry[1] if entry[0] == identity else None
 
     def add(self, path: str | os.PathLike[str], identity: _Identity, size: tuple[int, int]) -> None:
         """Index ``path`` as a plain, whole JPEG of ``size``, as it was when stat'ed to ``identity``."""
@@ -149,17 +156,37 @@ def identity_of(path: str | os.PathLike[str]) -> _Identity | None:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def settled_identity(path: str | os.PathLike[str]) -> _Identity | None:
-    """The file's identity (as :func:`identity_of`) where it proves the content: its times are safely in the past
-    (``cache.racy``), so a rewrite from now on changes one of them. None where it cannot be stat'ed, or its times
-    are too recent."""
-    try:
-        st = os.stat(os.fspath(path))
-    except (OSError, TypeError, ValueError):
-        return None
-    if cache.racy(st, time.time_ns()):
-        return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+_NO_FILE = (0, 0, 0, 0, 0)
+
+
+def identities(paths: list[Any]) -> list[_Identity | None]:
+    """:func:`identity_of` of each path, stat'ed in one native call with the GIL released once (``csrc/stat.c``;
+    ``os.stat`` one by one where the extension is not here)."""
+    stat_all = _stat_all()
+    if stat_all is None:
+        return [identity_of(p) for p in paths]
+    return [None if row == _NO_FILE else row for row in struct.iter_unpack("5q", stat_all(paths))]
+
+
+def settled(identity: _Identity | None, now_ns: int) -> bool:
+    """Whether a file of this identity proves its content at ``now_ns`` (its times safely in the past:
+    ``cache.racy``)."""
+    return identity is not None and not cache.racy_times(identity[3], identity[4], now_ns)
+
+
+_stat_extension: Any = None
+
+
+def _stat_all() -> Any:
+    global _stat_extension
+    if _stat_extension is None:
+        try:
+            from ..kernels import native
+
+            _stat_extension = native.extension().stat_identities
+        except Exception:  # noqa: BLE001 - no native module here (or switched off): os.stat one by one
+            _stat_extension = False
+    return _stat_extension or None
 
 
 _indexes: weakref.WeakKeyDictionary[Any, FileIndex] = weakref.WeakKeyDictionary()

@@ -23,6 +23,8 @@ program: the plan's own path runs.
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +35,7 @@ from ..kernels.functional import crop_checked
 from ..kernels.pil_filters import FILTERS
 from . import compose_call, compose_plan, oprunner, steps, stock
 from . import pixel_ops as P
+from .compose_state import ComposeState
 from .pixels import UseStock, grey_by_position
 from .recording import NotSplittable
 
@@ -105,21 +108,34 @@ class Program:
 
 def bind(compose: Any, draws: Any, shared: dict[Any, Any] | None) -> Program | None:
     """``compose``'s plan as a program for one run of samples whose torch draws ``draws`` (a
-    ``torch_draws.TorchDraws``) makes; None where the plan's own path must run."""
+    ``torch_draws.TorchDraws``) makes; None where the plan's own path must run. The steps bound for a Compose are
+    kept for its next runs while nothing they read has changed (``compose_state``): a batch binds them once, not
+    every batch."""
     if draws is None:
         return None
     spec = compose_call.uint8_tail(compose)
     if spec is not None and spec.erasers:
         return None
+    key = (draws.kernel, draws.fused, spec is not None)
+    kept = _kept.get(compose)
+    if kept is not None and kept[0] == key and kept[1].still(compose):
+        return Program(kept[2], draws) if kept[2] is not None else None
+    state = ComposeState(compose)
     try:
         known = shared.get(id(compose)) if shared is not None else None  # (the run's plan, where the run has it)
         plan = known[1] if known is not None and known[0] is compose else compose_plan.plan_for(compose)
         bound = _bind(plan, draws, shared, spec is not None)
     except (UseStock, NotSplittable, TypeError, ValueError, AttributeError):
-        return None
-    if bound is None or oprunner.why_not_native(bound.codes):
-        return None
-    return Program(bound, draws)
+        bound = None
+    if bound is not None and oprunner.why_not_native(bound.codes):
+        bound = None
+    with contextlib.suppress(TypeError):  # (a Compose that is not weakly referenceable: bound every run)
+        _kept[compose] = (key, state, bound)
+    return Program(bound, draws) if bound is not None else None
+
+
+#: per Compose, the steps last bound for it: ((kernel, fused draws, uint8 tail), its state then, the steps or None)
+_kept: weakref.WeakKeyDictionary[Any, tuple[Any, ComposeState, _Bound | None]] = weakref.WeakKeyDictionary()
 
 
 def _bind(plan: compose_plan.Plan, draws: Any, shared: dict[Any, Any] | None, uint8: bool) -> _Bound | None:

@@ -59,7 +59,7 @@ from .disk import (
 from .entries import CAP_KEY, DEFAULT_CAP, FORMAT_KEY, FORMAT_VALUE, MIN_CAP, STORE_NAME, encode_entry, parse_entry
 from .environ import WARNED_ENV
 from .figures import count_hit, count_miss
-from .keys import COARSE_WINDOW_NS, FINE_WINDOW_NS, decoder_identity, key_material, racy
+from .keys import COARSE_WINDOW_NS, FINE_WINDOW_NS, decoder_identity, key_material, racy, racy_times
 from .process import Setting, default_dir, open_store, setting
 from .store import Store
 from .verify import RECORD_MAX_AGE_NS, RECORD_NAME, VERIFIED_ENV, check_store
@@ -71,5 +71,5 @@ __all__ = [
     "Store", "StoreDamaged", "StoreRefused", "check_directory", "check_store", "clear", "count_hit", "count_miss",
     "dataset_files", "decide", "decoder_identity", "default_dir", "describe", "encode_entry",
     "estimate_decoded_bytes", "human_bytes", "key_material", "known_folders", "open_store", "parse_entry",
-    "prepare", "racy", "refused_store_folder", "setting", "store_bytes", "store_for",
+    "prepare", "racy", "racy_times", "refused_store_folder", "setting", "store_bytes", "store_for",
 ]

@@ -57,9 +57,13 @@ def racy(st: os.stat_result, now_ns: int) -> bool:
     ``now_ns`` (or after it): a rewrite could still come that keeps the size and both times, so a key made
     from them could not tell the new content from this one (git's "racily clean" index entries).
     Whole-second timestamps (both of them) are taken to mean a file system with one-second timestamps."""
-    newest = max(st.st_mtime_ns, st.st_ctime_ns)
-    coarse = st.st_mtime_ns % 10**9 == 0 and st.st_ctime_ns % 10**9 == 0
-    return now_ns - newest < (COARSE_WINDOW_NS if coarse else FINE_WINDOW_NS)
+    return racy_times(st.st_mtime_ns, st.st_ctime_ns, now_ns)
+
+
+def racy_times(mtime_ns: int, ctime_ns: int, now_ns: int) -> bool:
+    """:func:`racy` of a file with these modification and change times."""
+    coarse = mtime_ns % 10**9 == 0 and ctime_ns % 10**9 == 0
+    return now_ns - max(mtime_ns, ctime_ns) < (COARSE_WINDOW_NS if coarse else FINE_WINDOW_NS)
 
 
 #: Folders' resolved paths, per process (folders are few; files may be millions).
