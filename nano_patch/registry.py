@@ -119,8 +119,8 @@ def own_value(owner: Any, name: str) -> Any:
     return MISSING
 
 
-#: trampoline code object -> the implementation it runs. Code objects compare by value, so each
-#: trampoline carries its function's full name as its file name.
+#: trampoline code object -> the implementation it runs. Code objects compare by value, so each trampoline carries
+#: its function's name, file and first line (unique together).
 _IMPLS: dict[types.CodeType, Callable[..., Any]] = {}
 
 
@@ -131,10 +131,15 @@ def _trampoline(*args: Any, **kwargs: Any) -> Any:
 
 
 def _trampoline_code(func: types.FunctionType) -> types.CodeType:
+    """The trampoline's code under ``func``'s name, file and first line: ``inspect.getsource`` of the redirected
+    function is still stock's source, as ``torch.jit.script`` reads it to compile a scriptable function (the
+    compiled function is stock's: TorchScript never runs the Python)."""
+    code = func.__code__
     return _trampoline.__code__.replace(
         co_name=func.__name__,
         co_qualname=func.__qualname__,
-        co_filename=f"<nano-patch redirect of {func.__module__}.{func.__qualname__}>",
+        co_filename=code.co_filename,
+        co_firstlineno=code.co_firstlineno,
     )
 
 
