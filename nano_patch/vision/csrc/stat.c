@@ -12,34 +12,51 @@
 
 static PyObject *py_stat_identities(PyObject *self, PyObject *arg) {
     (void)self;
-    PyObject *seq = PySequence_Fast(arg, "stat_identities: a sequence of paths");
-    if (!seq)
+    /* (the stable ABI has no PySequence_Fast_ITEMS: one new reference per item, as the limited API reads them) */
+    Py_ssize_t n = PySequence_Size(arg);
+    if (n < 0)
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    PyObject **names = PyMem_Calloc(n ? (size_t)n : 1, sizeof(PyObject *));
+    const char **names = PyMem_Calloc(n ? (size_t)n : 1, sizeof(const char *));
+    Py_ssize_t *lengths = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Py_ssize_t));
+    PyObject **held = PyMem_Calloc(n ? (size_t)n : 1, sizeof(PyObject *));
     PyObject *out = PyBytes_FromStringAndSize(NULL, n * 5 * (Py_ssize_t)sizeof(int64_t));
-    if (!names || !out) {
+    if (!names || !lengths || !held || !out) {
         PyMem_Free(names);
+        PyMem_Free(lengths);
+        PyMem_Free(held);
         Py_XDECREF(out);
-        Py_DECREF(seq);
         return PyErr_NoMemory();
     }
     for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *item = PySequence_GetItem(arg, k);
         PyObject *converted = NULL;
-        if (!PyUnicode_FSConverter(items[k], &converted)) {
+        if (!item) {
+            for (Py_ssize_t j = 0; j < k; j++)
+                Py_XDECREF(held[j]);
+            PyMem_Free(names);
+            PyMem_Free(lengths);
+            PyMem_Free(held);
+            Py_DECREF(out);
+            return NULL;
+        }
+        if (!PyUnicode_FSConverter(item, &converted)) {
             PyErr_Clear(); /* (not a path: no identity, as os.stat raising) */
             converted = NULL;
         }
-        names[k] = converted;
+        Py_DECREF(item);
+        held[k] = converted;
+        if (converted) {
+            names[k] = PyBytes_AsString(converted);
+            lengths[k] = PyBytes_Size(converted);
+        }
     }
-    int64_t *rows = (int64_t *)PyBytes_AS_STRING(out);
+    int64_t *rows = (int64_t *)PyBytes_AsString(out);
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t k = 0; k < n; k++) {
         int64_t *row = rows + 5 * k;
         struct stat st;
-        const char *name = names[k] ? PyBytes_AS_STRING(names[k]) : NULL;
-        if (name && strlen(name) == (size_t)PyBytes_GET_SIZE(names[k]) && stat(name, &st) == 0) {
+        const char *name = names[k];
+        if (name && strlen(name) == (size_t)lengths[k] && stat(name, &st) == 0) {
             row[0] = (int64_t)st.st_dev;
             row[1] = (int64_t)st.st_ino;
             row[2] = (int64_t)st.st_size;
@@ -51,9 +68,10 @@ static PyObject *py_stat_identities(PyObject *self, PyObject *arg) {
     }
     Py_END_ALLOW_THREADS
     for (Py_ssize_t k = 0; k < n; k++)
-        Py_XDECREF(names[k]);
+        Py_XDECREF(held[k]);
     PyMem_Free(names);
-    Py_DECREF(seq);
+    PyMem_Free(lengths);
+    PyMem_Free(held);
     return out;
 }
 
