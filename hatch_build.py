@@ -43,7 +43,7 @@ except ImportError:  # imported outside a build (the tests use build_extension)
 
 CSRC = Path("nano_patch") / "vision" / "csrc"
 SOURCES = ["module.c", "batch.c", "resample.c", "color.c", "hue.c", "tensor.c", "geometry.c", "oplist.c",
-           "torch_draws.c", "helpers.c", "markers.c", "stat.c"]
+           "torch_draws.c", "helpers.c", "markers.c", "stat.c", "array_gather.c"]
 EXTENSION = "nano_patch.vision._native"
 JPEG_SOURCES = ["jpeg_region.c"]
 JPEG_EXTENSION = "nano_patch.vision._jpeg"

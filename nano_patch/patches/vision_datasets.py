@@ -9,6 +9,9 @@ adapters are ``data/datasets/dataset_adapters.py``'s, the loading ``data/batches
 - Built-in datasets that open their files with PIL themselves (Flowers102, Food101, OxfordIIITPet,
   StanfordCars, DTD, Country211 via ImageFolder): their ``__getitem__`` reads the same attributes
   and decodes through the same path. Caltech101 keeps each photo's own mode (grayscale stays "L").
+- The array datasets (CIFAR10/100, SVHN, STL10, the MNIST family): a batch of the DataLoader's is made in one native
+  call where their tutorials' transforms allow (``data/datasets/array_datasets.py``); their ``__getitem__`` stays
+  stock's.
 
 Every one of these paths reads and fills the decoded-image cache when it is on
 (``vision/images/cache/``): later epochs skip decoding.
@@ -40,7 +43,7 @@ class VisionDatasetsPatch(Patch):
 
         from ..data import fetch
         from ..data.batches import sample_loading as loading
-        from ..data.datasets import dataset_adapters
+        from ..data.datasets import array_datasets, dataset_adapters
 
         known = (folder.pil_loader, folder.default_loader)
         # Redirected in place: datasets hold these very objects as default arguments and must
@@ -53,6 +56,11 @@ class VisionDatasetsPatch(Patch):
         for cls, (getitem, getitems) in dataset_adapters.adapters(module, known).items():
             self.record.wrap(cls, "__getitem__", getitem)
             fetch.register(cls, getitems)  # None: a patched class that loads one by one
+            self._routed.append(cls)
+        # The array datasets (CIFAR, SVHN, STL-10, the MNIST family): their __getitem__ stays stock's; a batch is
+        # made whole by their route
+        for cls, getitems in array_datasets.routes(module).items():
+            fetch.register(cls, getitems)
             self._routed.append(cls)
 
     def _revert(self) -> None:

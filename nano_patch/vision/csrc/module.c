@@ -22,6 +22,7 @@ extern PyMethodDef nano_draws_methods[];
 extern PyMethodDef nano_batch_methods[];
 extern PyMethodDef nano_marker_methods[];
 extern PyMethodDef nano_stat_methods[];
+extern PyMethodDef nano_gather_methods[];
 
 #if NANO_X86
 #include <cpuid.h>
@@ -688,7 +689,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     nano_hue_init();
     PyObject *m = PyModule_Create(&module);
     if (m && (PyModule_AddFunctions(m, nano_draws_methods) < 0 || PyModule_AddFunctions(m, nano_batch_methods) < 0 ||
-              PyModule_AddFunctions(m, nano_marker_methods) < 0 || PyModule_AddFunctions(m, nano_stat_methods) < 0))
+              PyModule_AddFunctions(m, nano_marker_methods) < 0 || PyModule_AddFunctions(m, nano_stat_methods) < 0 ||
+              PyModule_AddFunctions(m, nano_gather_methods) < 0))
         Py_CLEAR(m);
     return m;
 }

@@ -544,6 +544,67 @@ fail:
     return NULL;
 }
 
+/* draws_batch(st, program, n) -> bytes: ``n`` samples' draws in a row, each sample drawing the program's steps in
+ * order, as stock's loop draws them sample after sample. ``program``: float64 triples (kind, a, b): kind 0,
+ * ``torch.randint(a, b, (1,))``; kind 1, ``torch.rand(1) < a``. The results: one int64 per step per sample (0 or 1 for
+ * kind 1). An array dataset's batch (its samples all of one size, so all drawing the same kinds): one call. A
+ * program stock would reject (a range that is empty, a probability outside [0, 1]) raises ValueError, having drawn
+ * nothing. */
+static PyObject *py_draws_batch(PyObject *self, PyObject *args) {
+    PyObject *sobj, *pobj;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "OOn", &sobj, &pobj, &n))
+        return NULL;
+    Py_buffer pb;
+    if (PyObject_GetBuffer(pobj, &pb, PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    if (pb.len % (3 * (Py_ssize_t)sizeof(double)) != 0 || n < 0) {
+        PyBuffer_Release(&pb);
+        PyErr_SetString(PyExc_ValueError, "draws_batch: the program is float64 triples, n >= 0");
+        return NULL;
+    }
+    Py_ssize_t steps = pb.len / (3 * (Py_ssize_t)sizeof(double));
+    const double *prog = (const double *)pb.buf;
+    for (Py_ssize_t k = 0; k < steps; k++) {
+        double kind = prog[3 * k], a = prog[3 * k + 1], b = prog[3 * k + 2];
+        int ok = kind == 0.0 ? (a == floor(a) && b == floor(b) && a < b && fabs(a) < 1e15 && fabs(b) < 1e15)
+                             : kind == 1.0 ? (a >= 0.0 && a <= 1.0) : 0;
+        if (!ok) {
+            PyBuffer_Release(&pb);
+            PyErr_Format(PyExc_ValueError, "draws_batch: step %zd is not a draw it makes", k);
+            return NULL;
+        }
+    }
+    if (steps && n > PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(int64_t) / steps) {
+        PyBuffer_Release(&pb);
+        return PyErr_NoMemory();
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * steps * (Py_ssize_t)sizeof(int64_t));
+    if (!out) {
+        PyBuffer_Release(&pb);
+        return NULL;
+    }
+    state_arg st;
+    if (get_state(sobj, &st) < 0) {
+        PyBuffer_Release(&pb);
+        Py_DECREF(out);
+        return NULL;
+    }
+    int64_t *res = (int64_t *)PyBytes_AsString(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        for (Py_ssize_t k = 0; k < steps; k++) {
+            const double *step = prog + 3 * k;
+            if (step[0] == 0.0)
+                *res++ = draw_randint(st.s, (int64_t)step[1], (int64_t)step[2]);
+            else
+                *res++ = draw_uniform(st.s, 0.0f, 1.0f, 0) < (float)step[1];
+        }
+    }
+    PyBuffer_Release(&st.buf);
+    PyBuffer_Release(&pb);
+    return out;
+}
+
 PyMethodDef nano_draws_methods[] = {
     {"draws_load", py_draws_load, METH_VARARGS, "draws_load(torch_state, st): torch.get_rng_state()'s bytes in."},
     {"draws_store", py_draws_store, METH_VARARGS, "draws_store(st, torch_state): the state back into torch's bytes."},
@@ -556,6 +617,8 @@ PyMethodDef nano_draws_methods[] = {
     {"draws_resized_crop", py_draws_resized_crop, METH_VARARGS,
      "draws_resized_crop(st, h, w, scale, ratio, lr0, lr1, fused, exp_fn): RandomResizedCrop.get_params, or None."},
     {"draws_crop", py_draws_crop, METH_VARARGS, "draws_crop(st, h, w, size): RandomCrop.get_params, or None."},
+    {"draws_batch", py_draws_batch, METH_VARARGS,
+     "draws_batch(st, program, n): n samples' draws in a row (program: float64 (kind, a, b); 0 randint, 1 rand < a)."},
     {"draws_jitter", py_draws_jitter, METH_VARARGS,
      "draws_jitter(st, brightness, contrast, saturation, hue, fused): ColorJitter.get_params, or None."},
     {NULL, NULL, 0, NULL},

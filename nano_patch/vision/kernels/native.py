@@ -41,6 +41,7 @@ KERNELS = {
     "tables": "point tables and the uint8-to-tensor tail",
     "crop_decode": "JPEG decoding of a crop window only (libjpeg-turbo), for crops drawn before decoding",
     "torch_draws": "torch's generator reproduced for the draw step (rand, randint, uniform_, randperm)",
+    "array_gather": "an array dataset's batch (CIFAR, MNIST...): pads, crops, flips and the tensor tail in one call",
 }
 #: Kernels of the optional ``_jpeg`` extension (linked to libjpeg-turbo) rather than ``_native``.
 JPEG_KERNELS = ("crop_decode",)

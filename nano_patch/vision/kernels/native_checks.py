@@ -478,6 +478,34 @@ def check_torch_draws(mod: ModuleType) -> str | None:
     return torch_draws.check(mod)
 
 
+def check_array_gather(mod: ModuleType) -> str | None:
+    """An array dataset's batch gather (``csrc/array_gather.c``) against NumPy's indexing of the same maps, for one
+    and three channels, a transposed (strided) source, float32 and float64 tables."""
+    rng = np.random.default_rng(2026)
+    for channels, transposed, dtype in ((3, False, np.float32), (1, False, np.float64), (3, True, np.float32)):
+        shape = (5, 3, 7, 6) if transposed else (5, 7, 6, 3) if channels == 3 else (5, 7, 6)
+        src = rng.integers(0, 256, shape, dtype=np.uint8)
+        if transposed:
+            src = src.transpose(0, 2, 3, 1)  # (SVHN's layout, read as H x W x C)
+        th, tw, count = 4, 5, 6
+        maps = rng.integers(-1, 6, 2 * count * (th + tw), dtype=np.int32)
+        maps[maps >= 6] = 5
+        samples = np.array([(k % 5, k * (th + tw), k * (th + tw) + th) for k in range(count)], np.int64)
+        fill = bytes(rng.integers(0, 256, channels, dtype=np.uint8))
+        table = rng.standard_normal((channels, 256)).astype(dtype)
+        out = np.empty((count, channels, th, tw), dtype)
+        mod.gather_batch(src, samples, maps, th, tw, fill, table, out)
+        for k, (idx, ro, co) in enumerate(samples):
+            rows, cols = maps[ro:ro + th], maps[co:co + tw]
+            img = src[idx] if channels == 3 else src[idx][..., None]
+            for c in range(channels):
+                values = np.where((rows[:, None] < 0) | (cols[None, :] < 0), fill[c],
+                                  img[np.clip(rows, 0, None)[:, None], np.clip(cols, 0, None)[None, :], c])
+                if not np.array_equal(out[k, c], table[c][values]):
+                    return "the array gather differs from NumPy's indexing"
+    return None
+
+
 CHECKS: dict[str, Callable[[Any], str | None]] = {
     "resample": check_resample,
     "warp": check_warp,
@@ -489,4 +517,5 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
     "tables": check_tables,
     "crop_decode": check_crop_decode,
     "torch_draws": check_torch_draws,
+    "array_gather": check_array_gather,
 }

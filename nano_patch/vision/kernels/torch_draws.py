@@ -196,6 +196,13 @@ class TorchDraws:
         """``RandomCrop.get_params`` on an image of ``hw`` for an output of ``size``."""
         return self._n.draws_crop(self._st, hw[0], hw[1], size)
 
+    def batch(self, program: np.ndarray, n: int) -> np.ndarray:
+        """``n`` samples' draws in a row, each sample drawing ``program``'s steps in order (float64 triples: ``(0, a,
+        b)`` for ``torch.randint(a, b, (1,))``, ``(1, p, 0)`` for ``torch.rand(1) < p``): an n x steps int64 array.
+        ValueError (nothing drawn) for a step stock would reject."""
+        steps = len(program) // 3
+        return np.frombuffer(self._n.draws_batch(self._st, program, n), np.int64).reshape(n, steps)
+
     def jitter(self, t: Any) -> tuple[tuple[int, ...], Any, Any, Any, Any] | None:
         """``ColorJitter.get_params(t.brightness, t.contrast, t.saturation, t.hue)``, the order as a tuple."""
         return self._n.draws_jitter(self._st, t.brightness, t.contrast, t.saturation, t.hue, self.fused)
@@ -213,7 +220,7 @@ def check(n: Any) -> str | None:
     fused = _pick_uniform(n)
     if fused is None:
         return "torch's uniform_ is neither a plain nor a fused multiply-add here"
-    problem = _check_primitives(n, fused) or _check_exp() or _check_composites(n, fused)
+    problem = _check_primitives(n, fused) or _check_batch(n) or _check_exp() or _check_composites(n, fused)
     if problem:
         return problem
     _fused = fused
@@ -280,6 +287,27 @@ def _check_primitives(n: Any, fused: bool) -> str:
     torch.empty(count, dtype=torch.int32).random_(generator=moved)
     if not torch.equal(moved.get_state(), g.get_state()):
         return "an int32 random_ of the draws' count of outputs does not move torch's generator where they did"
+    return ""
+
+
+def _check_batch(n: Any) -> str:
+    """A batch's draws in one call (:meth:`TorchDraws.batch`) against torch's, drawn sample after sample."""
+    import torch
+
+    program = np.array([0, 0, 9, 0, 0, 9, 1, 0.5, 0, 0, 0, 1 << 30, 1, 0.3, 0, 0, 5, 7], np.float64)
+    g = torch.Generator().manual_seed(5150)
+    st = _state_of(n, g)
+    got = np.frombuffer(n.draws_batch(st, program, 300), np.int64).reshape(300, 6)
+    for row in got:
+        want = [torch.randint(0, 9, (1,), generator=g).item(), torch.randint(0, 9, (1,), generator=g).item(),
+                int(bool(torch.rand(1, generator=g) < 0.5)), torch.randint(0, 1 << 30, (1,), generator=g).item(),
+                int(bool(torch.rand(1, generator=g) < 0.3)), torch.randint(5, 7, (1,), generator=g).item()]
+        if list(row) != want:
+            return "a batch's native draws differ from torch's"
+    back = g.get_state().clone()
+    n.draws_store(st, back.numpy())
+    if not torch.equal(back, g.get_state()):
+        return "torch's generator state after a batch's draws differs from the native one"
     return ""
 
 
