@@ -10,8 +10,9 @@ row is a dataset with the transforms its tutorial uses, batch 128, ``shuffle=Tru
 - ``stl10``: RandomCrop(96, padding=12), RandomHorizontalFlip, ToTensor, Normalize;
 - ``mnist``, ``fashionmnist``, ``kmnist``, ``emnist``, ``qmnist``: ToTensor, Normalize((0.1307,), (0.3081,));
 - ``fashionmnist totensor``: ToTensor alone;
-- ``cifar10 jitter``: RandomCrop(32, padding=4), flip, ColorJitter(0.2, 0.2, 0.2), ToTensor, Normalize (a pipeline
-  the array path does not take: the patch must step aside, never slower).
+- ``cifar10 jitter``: RandomCrop(32, padding=4), flip, ColorJitter(0.2, 0.2, 0.2), ToTensor, Normalize;
+  ``cifar10 resize``: Resize(64), flip, ToTensor, Normalize; ``cifar10 ToTensor alone``: ``transform=ToTensor()``,
+  no Compose (pipelines the array path does not take: never slower than stock).
 
 Each configuration runs in a fresh process (``torch.set_num_threads(1)``, ``num_workers`` 0 and 2 with
 ``persistent_workers=True``): epoch 1 is the warm-up, epoch 2 onwards is timed for at least ``--seconds``. Rounds are
@@ -65,11 +66,14 @@ PIPELINES = {
     "totensor": lambda pad, side: [T.ToTensor()],
     "jitter": lambda pad, side: [T.RandomCrop(side, padding=pad), T.RandomHorizontalFlip(),
                                  T.ColorJitter(0.2, 0.2, 0.2), T.ToTensor(), T.Normalize(*RGB)],
+    "resize": lambda pad, side: [T.Resize(2 * side), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(*RGB)],
+    "single": None,
 }
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    tf = T.Compose(PIPELINES[cfg["pipeline"]](cfg["pad"], cfg["px"]))
+    make = PIPELINES[cfg["pipeline"]]
+    tf = T.Compose(make(cfg["pad"], cfg["px"])) if make is not None else T.ToTensor()
     ds = open_dataset(cfg["kind"], cfg["root"], train=cfg["train"], transform=tf)
     kw = dict(num_workers=cfg["workers"], persistent_workers=True) if cfg["workers"] else {}
     loader = DataLoader(ds, batch_size=128, shuffle=True, **kw)
@@ -105,6 +109,8 @@ ROWS = {
     "emnist": ("emnist", True, "grey", 0, 28),
     "qmnist": ("qmnist", True, "grey", 0, 28),
     "cifar10 jitter": ("cifar10", True, "jitter", 4, 32),
+    "cifar10 resize": ("cifar10", True, "resize", 0, 32),
+    "cifar10 ToTensor alone": ("cifar10", True, "single", 0, 32),
 }
 
 
