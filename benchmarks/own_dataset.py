@@ -56,7 +56,7 @@ import io, json, os, sys, time
 cfg = json.loads(sys.argv[1])
 if cfg["side"] == "patched":  # a user's script, patched: the line at its top
     from nano_patch import patch_torch
-    patch_torch()
+    patch_torch(**({"cache_decoded": "on", "cache_dir": cfg["cache_dir"]} if cfg.get("cache_dir") else {}))
 
 import numpy as np
 import torch
@@ -220,6 +220,9 @@ def main() -> None:
                     help=f"only this row (repeatable): one of {ROWS}")
     ap.add_argument("--workers", default="0,2", help="the num_workers values, comma-separated")
     ap.add_argument("--stem", default="own_dataset")
+    ap.add_argument("--cache", action="store_true",
+                    help="also run 'cache on': patched with cache_decoded='on', from an empty store each run (epoch 1 "
+                         "fills it: cold; the timed epochs after it: warm)")
     ap.add_argument("--before", metavar="CHECKOUT",
                     help="another nano-patch source tree (its compiled kernels built in place): its patched rows run "
                          "too, interleaved, as 'before'")
@@ -229,7 +232,7 @@ def main() -> None:
 
     rows = args.only or ROWS
     workers = [int(w) for w in args.workers.split(",") if w.strip()]
-    sides = ["stock", "patched"] + (["before"] if args.before else [])
+    sides = ["stock", "patched"] + (["cache on"] if args.cache else []) + (["before"] if args.before else [])
     result: dict = {"machine": f"{_cpu_name()}, {len(os.sched_getaffinity(0))} usable CPUs",
                     "python": platform.python_version(), "pipeline": "pets", "batch": 64,
                     "per_class": args.per_class, "seconds": args.seconds, "rounds": args.rounds, "rows": rows,
@@ -255,6 +258,8 @@ def main() -> None:
         for r in range(args.rounds):  # interleaved, so drift on a shared VM hits every configuration alike
             for row, side, w in configs if r % 2 == 0 else configs[::-1]:
                 cfg = {**base, "row": row, "workers": w, "side": "stock" if side == "stock" else "patched"}
+                if side == "cache on":
+                    cfg["cache_dir"] = str(tmp / f"store-{r}-{w}-{rows.index(row)}")  # (empty: a cold first epoch)
                 got = run_script(script, cfg, args.before if side == "before" else None)
                 runs.setdefault(key(row, side, w), []).append(got)
                 print(f"round {r}: {key(row, side, w)}: {got['images_per_s']:.0f} images/s "
@@ -266,6 +271,12 @@ def main() -> None:
             "median_first_epoch_s": statistics.median(x["first_epoch_s"] for x in rs),
             "runs": rs}
     med = {name: c["median_images_per_s"] for name, c in result["configs"].items()}
+    if args.cache:  # the cache against the cache off: the first epoch (cold) and the timed ones (warm)
+        first = {name: c["median_first_epoch_s"] for name, c in result["configs"].items()}
+        result["cache_against_off"] = {
+            f"{row} | num_workers={w}": {"cold": first[key(row, "patched", w)] / first[key(row, "cache on", w)],
+                                         "warm": med[key(row, "cache on", w)] / med[key(row, "patched", w)]}
+            for row in rows for w in workers}
     result["against_stock"] = {
         f"{row} | num_workers={w}": {side: med[key(row, side, w)] / med[key(row, "stock", w)]
                                      for side in sides if side != "stock"}
@@ -295,6 +306,9 @@ def print_table(result: dict) -> None:
                 b = med[key(row, "before", w)]
                 line += f" {b:.0f} | {b / s:.2f}x |"
             print(line)
+    for name, ratio in result.get("cache_against_off", {}).items():
+        print(f"cache on against off, {name}: epoch 1 (cold) {ratio['cold']:.2f}x, later epochs (warm) "
+              f"{ratio['warm']:.2f}x")
 
 
 def chart(result: dict, path: Path) -> None:

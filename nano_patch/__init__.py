@@ -128,11 +128,11 @@ def options() -> Options:
 def status() -> dict[str, Any]:
     """Every patch as applied, pending, skipped or off (with the reason and versions), each native image
     kernel (native, with its instruction set, or on PIL's code and why), the decoded-image cache
-    setting and its store, plus CPU facts."""
+    setting and its store, CPU facts, and the torch build installed (CPU or CUDA, and its version)."""
     from . import sysinfo
 
     return {"patched": is_patched(), "patches": _get_manager().status(), "kernels": _native_kernels(),
-            "decoded_cache": _cache_status(), "system": sysinfo.summary()}
+            "decoded_cache": _cache_status(), "system": sysinfo.summary(), "torch": sysinfo.torch_build()}
 
 
 def _warn_if_kernels_missing(stacklevel: int = 2) -> None:

@@ -49,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
             opts.add_argument(flag, dest=field, default=None, metavar=metavar.get(field, "VALUE"),
                               help=text.replace("%", "%%"))
     run.add_argument("args", nargs=argparse.REMAINDER, help="script path and its arguments")
-    st = sub.add_parser("status", help="list every patch and the CPU features that matter")
+    st = sub.add_parser("status", help="list every patch, the CPU features that matter and the torch build")
     st.add_argument("--json", action="store_true")
     init = sub.add_parser("init", help="print `export` lines for the best-known environment on this machine")
     init.add_argument("--unset", action="store_true", help="print lines that undo it")
@@ -249,6 +249,9 @@ def _status(as_json: bool) -> int:
     print(f"decoded-image cache: {c['setting']}; {where}")
     sysinfo = info["system"]
     print("system: " + ", ".join(f"{k}={v}" for k, v in sysinfo.items()))
+    t = info["torch"]
+    gpus = f", {t['gpus']} GPU{'s' if t['gpus'] != 1 else ''} visible" if "gpus" in t else ""
+    print(f"torch: {t['version']} ({t['build']} build{gpus})")
     return 0
 
 

@@ -119,6 +119,25 @@ def pillow_is_simd() -> bool:
     return pillow_distribution()[0] == "pillow-simd"
 
 
+def torch_build() -> dict[str, object]:
+    """Which torch is installed: its version and build (``CPU``, ``CUDA x.y`` or ``ROCm x.y``), and the GPUs it
+    sees where it is a GPU build. PyPI's Linux x86-64 wheel is the CUDA build (its ``nvidia-*`` and ``triton``
+    dependencies take several GB); PyTorch's CPU index has the same version without them (README, "Install")."""
+    try:
+        import torch
+    except ImportError as exc:
+        return {"version": None, "build": f"not importable: {exc}"}
+    cuda, hip = getattr(torch.version, "cuda", None), getattr(torch.version, "hip", None)
+    out: dict[str, object] = {"version": torch.__version__,
+                              "build": f"CUDA {cuda}" if cuda else f"ROCm {hip}" if hip else "CPU"}
+    if cuda or hip:
+        try:
+            out["gpus"] = torch.cuda.device_count()
+        except Exception as exc:  # noqa: BLE001 - a summary never fails
+            out["gpus"] = f"? ({type(exc).__name__})"
+    return out
+
+
 def summary() -> dict[str, object]:
     import psutil
 

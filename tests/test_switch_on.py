@@ -122,6 +122,10 @@ def test_console_script_and_status():
     proc = subprocess.run([str(script), "status"], capture_output=True, text=True, timeout=120, env=_env())
     assert proc.returncode == 0, proc.stderr
     assert "vision_transforms" in proc.stdout and "avx512_bf16=" in proc.stdout and "pil=" in proc.stdout
+    import torch
+
+    build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU"
+    assert f"torch: {torch.__version__} ({build} build" in proc.stdout  # (which torch: the CPU index's or PyPI's)
 
 
 def test_unasked_process_is_never_patched(tmp_path):

@@ -93,15 +93,18 @@ def make_fetch(stock_fetch: Callable[..., Any], subset_cls: type) -> Callable[..
                 if (stock_subset_getitems is not None and getattr(cls, "__getitems__", None) is stock_subset_getitems
                         and _getitem_owner(cls) is subset_cls and subset_cls.__getitem__ is stock_subset_getitem
                         and "__getitems__" not in getattr(self.dataset, "__dict__", ())):  # (not the instance's own)
-                    data = lazy_samples.fetched(lambda: _subset_getitems(self.dataset, possibly_batched_index))
+                    data = lazy_samples.fetched(lambda: _subset_getitems(self.dataset, possibly_batched_index),
+                                                self.dataset)
                 else:
-                    data = lazy_samples.fetched(lambda: self.dataset.__getitems__(possibly_batched_index))
+                    data = lazy_samples.fetched(lambda: self.dataset.__getitems__(possibly_batched_index),
+                                                self.dataset)
             else:
                 data = _load_by_route(self.dataset, possibly_batched_index)
                 if data is None:
-                    data = lazy_samples.fetched(lambda: [self.dataset[idx] for idx in possibly_batched_index])
+                    data = lazy_samples.fetched(
+                        lambda: [self.dataset[idx] for idx in possibly_batched_index], self.dataset)
         else:
-            data = lazy_samples.fetched(lambda: self.dataset[possibly_batched_index])
+            data = lazy_samples.fetched(lambda: self.dataset[possibly_batched_index], self.dataset)
         handed = collate.take_handed()  # (taken in every case: a note never outlives its fetch)
         if self.collate_fn is stock_default_collate:  # the common batch without stock's walk (same result)
             batch = collate.collate_pairs(data, handed)

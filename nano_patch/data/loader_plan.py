@@ -70,6 +70,11 @@ def at_init(loader: Any, options: Options, stock_collate: Callable[..., Any]) ->
     if options.vision and loader.dataset is not None and fetch.patched_dataset(loader.dataset):
         # only datasets the patch loads: a user's class is never asked for attributes (its __getattr__)
         _prepare_cache(loader.dataset)
+    elif options.vision and options.lazy_images and loader.dataset is not None:
+        # a dataset of the user's own class: its lazy images go through the cache (nothing of it is read here)
+        from ..vision.images import cache
+
+        cache.announce_own(loader.dataset)
     loader._nano_uint8, loader._nano_uint8_why = spec, why
 
 

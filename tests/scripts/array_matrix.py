@@ -34,7 +34,7 @@ RGB = ([0.4914, 0.4822, 0.4465], [0.2470, 0.2435, 0.2616])
 GREY = ((0.1307,), (0.3081,))
 #: pipelines: the tutorials' and the variants around them (the last ones are not the array path's: stock's code)
 PIPELINES = ("tutorial", "reflect", "edge_center", "pad_if_needed", "totensor", "target_draws", "fill_tuple",
-             "jitter", "none", "std_zero", "crop_too_big", "three_means", "pil_to_tensor")
+             "small_pixel_limit", "jitter", "none", "std_zero", "crop_too_big", "three_means", "pil_to_tensor")
 
 #: pipelines stock raises for (at the first batch)
 ERRORS = ("none", "std_zero", "crop_too_big", "three_means")
@@ -64,6 +64,8 @@ def pipeline(name: str, kind: str) -> tuple[Any, Any]:
 
     side = side_of(kind)
     norm = T.Normalize(*(GREY if grey(kind) else RGB))
+    if name == "small_pixel_limit":
+        return T.Compose([T.RandomCrop(side, padding=2), T.RandomHorizontalFlip(), T.ToTensor()]), None
     if name in ("tutorial", "target_draws"):
         steps = [T.RandomCrop(side, padding=side // 8), T.RandomHorizontalFlip()] if kind in (
             "cifar10", "cifar100", "stl10") else []
@@ -103,6 +105,11 @@ def run_case(case: dict[str, Any], root: Path, patched: bool) -> list[str]:
         import nano_patch
 
         nano_patch.patch_torch()
+    from PIL import Image
+
+    limit = Image.MAX_IMAGE_PIXELS
+    if case["pipeline"] == "small_pixel_limit":  # a crop's box over PIL's limit: stock's warning per crop
+        Image.MAX_IMAGE_PIXELS = side_of(case["kind"]) ** 2 - 100
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -119,6 +126,8 @@ def run_case(case: dict[str, Any], root: Path, patched: bool) -> list[str]:
             del loader
         except Exception as exc:  # noqa: BLE001 - recorded: stock's error is part of its behaviour
             rec.add(f"case {error(exc)}")
+        finally:
+            Image.MAX_IMAGE_PIXELS = limit
         rec.generators("case end")
     rec.warnings(caught)
     return rec.events

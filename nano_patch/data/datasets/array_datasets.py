@@ -23,6 +23,7 @@ What stock's ``__getitem__`` reads per sample, and where the batch reads the sam
   with a ``target_transform``, everything above is read again before each sample, and the sample is drawn and
   gathered before its ``target_transform`` runs, so user code between samples sees, and may change, what stock's
   would;
+- PIL's ``MAX_IMAGE_PIXELS`` (read per batch: a crop's box over it is stock's loop, which warns or raises);
 - torch's default generator (the draws, from a native copy written back: another thread's draw meanwhile makes the
   batch draw again), the default dtype (ToTensor's output) and device (where torch's draws are not the CPU
   generator's, stock's loop runs).
@@ -238,6 +239,7 @@ def _draw(draws: torch_draws.TorchDraws, plan: array_plan.ArrayPlan, n: int) -> 
 
 def _read(dataset: Any, layout: Layout) -> tuple[np.ndarray, array_plan.ArrayPlan, torch_draws.TorchDraws]:
     """The dataset's images and the transform's plan, as they are now, and a copy of torch's generator."""
+    from PIL import Image
     from torchvision import transforms
 
     images = layout.images(dataset)
@@ -245,6 +247,9 @@ def _read(dataset: Any, layout: Layout) -> tuple[np.ndarray, array_plan.ArrayPla
         raise array_plan.NoPlan("its data is not the uint8 array its class makes")
     channels = 1 if images.ndim == 3 else 3
     plan = array_plan.plan_of(transforms, dataset.transform, images.shape[1:3], channels, _tails)
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is not None and plan.crop_pixels > limit:
+        raise array_plan.NoPlan("a crop PIL's size rule warns or raises for")  # (stock's crop gives it)
     draws = torch_draws.start(native.kernel("torch_draws"))
     if draws is None:
         raise array_plan.NoPlan("torch's default dtype or device is not float32 on the CPU")

@@ -20,16 +20,19 @@ bytes, and the same draws, so the pixels stay stock's. Everything else (another 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ... import config, report
-from ...vision.images import lazy_jpeg
+from ...vision.images import cache, decode, lazy_jpeg
+from ...vision.images.cache import fill
 from ...vision.images.image import plain
 from ...vision.kernels import native, torch_draws
 from ...vision.plans import compose_call, compose_plan, draw_program, oprunner
@@ -37,7 +40,7 @@ from ...vision.plans.compose_state import ComposeState
 from ...vision.plans.thread_setting import ThreadSetting
 from .. import collate
 from ..batches import generator_states
-from ..threads import loader_threads, render_pool, thread_modes
+from ..threads import exit_gate, loader_threads, render_pool, thread_modes
 
 _NOT_TAKEN = object()
 #: The op runner's table dtypes as torch's (the tensor a ToTensor tail makes has the table's dtype).
@@ -201,14 +204,24 @@ def _decoded(pending: lazy_jpeg.PendingDecode) -> np.ndarray:
     return np.asarray(img)
 
 
-def _render(job: oprunner.NativeRun, pending: lazy_jpeg.PendingDecode, keep: bool = False) -> Any:
+def _render(job: oprunner.NativeRun, pending: lazy_jpeg.PendingDecode, keep: bool = False,
+            store: cache.Store | None = None) -> Any:
     """The sample's tensor, its pixels written (into its slot, where it has one): from the pixels the image holds
-    (``keep``: it is kept beyond the batch, so it decodes them once now, as stock's ``convert`` did); else the
-    crop's window decoded, else PIL's full decode of the bytes."""
+    (``keep``: it is kept beyond the batch, so it decodes them once now, as stock's ``convert`` did); else through
+    the decoded-image cache (``store``: :func:`_render_through`); else the crop's window decoded, else PIL's full
+    decode of the bytes."""
     pixels = pending.kept_pixels() if keep else pending.pixels
     if pixels is not None:
         return oprunner.run(job, pixels)
     data = pending.data
+    if data is not None and store is not None:
+        out = _render_through(store, job, pending, data)
+        if out is not None:
+            return out
+    return _render_bytes(job, pending, data)
+
+
+def _render_bytes(job: oprunner.NativeRun, pending: lazy_jpeg.PendingDecode, data: bytes | None) -> Any:
     if data is not None:
         try:
             # (its markers were checked to the end of the image at convert: damage below the crop, which a strict
@@ -219,13 +232,86 @@ def _render(job: oprunner.NativeRun, pending: lazy_jpeg.PendingDecode, keep: boo
     return oprunner.run(job, _decoded(pending))
 
 
+def _render_through(store: cache.Store, job: oprunner.NativeRun, pending: lazy_jpeg.PendingDecode,
+                    data: bytes) -> Any:
+    """The sample rendered through the decoded-image cache, keyed by the bytes the image was made of
+    (``cache.content_material``: the file may have changed since ``convert`` read them): a hit renders from the
+    store's view; a miss the store takes (within ``--fast``'s fill budget) is decoded in full, rendered from that
+    and stored. None where the cache does not serve it (the caller renders it as with the cache off)."""
+    start = time.perf_counter()
+    material = cache.content_material(data)
+    found = store.get(material)
+    looked = time.perf_counter() - start
+    budget = store.fill_budget
+    if found is not None and found.shape == (*pending.hw, 3):
+        out = oprunner.run(job, found)
+        cache.count_hit(found)
+        if budget is not None:
+            budget.seen(fill.HIT, time.perf_counter() - start - looked, looked)
+        return out
+    start = time.perf_counter()
+    if not store.accepting or (budget is not None and not budget.fill()):
+        out = _render_bytes(job, pending, data)
+        if budget is not None:
+            budget.seen(fill.UNCACHED, time.perf_counter() - start, looked)
+        return out
+    try:
+        pixels, reproducible = decode.decode_rgb_reproducibly(pending.path, data=data, checked=True)
+    except Exception:  # noqa: BLE001 - a stream the strict decode refuses: rendered as with the cache off
+        return None
+    if pixels.shape != (*pending.hw, 3):
+        return None
+    decoded = time.perf_counter()
+    out = oprunner.run(job, pixels)
+    stored = reproducible and store.put(material, pixels)
+    cache.count_miss(pixels, decoded - start, stored)
+    if budget is not None:
+        budget.seen(fill.FILLED, time.perf_counter() - start, looked)
+    return out
+
+
+#: an entry's render: not started (and not for the early renders), queued for them, under way, done
+UNQUEUED, QUEUED, RENDERING, DONE = 0, 1, 2, 3
+#: seconds a wait on the early renders' helper sleeps before it looks at the interpreter's exit again
+_WAKE_S = 1.0
+
+
+class _Entry:
+    """A sample of the batch whose pixels wait: its tensor, its native run, its image, and its render's state."""
+
+    __slots__ = ("tensor", "job", "pending", "state", "error")
+
+    def __init__(self, tensor: Any, job: oprunner.NativeRun, pending: lazy_jpeg.PendingDecode) -> None:
+        self.tensor, self.job, self.pending = tensor, job, pending
+        self.state = UNQUEUED
+        self.error: BaseException | None = None
+
+
 class _Batch:
     """The samples of one fetch whose pixels wait, by their tensors; the torch function mode that watches them is
-    entered with the first (a fetch whose samples never wait pays nothing per torch call)."""
+    entered with the first (a fetch whose samples never wait pays nothing per torch call).
 
-    def __init__(self) -> None:
-        self.waiting: dict[int, tuple[Any, oprunner.NativeRun, lazy_jpeg.PendingDecode]] = {}
+    Where the batch loads on more than one thread, a sample's render starts as soon as it waits, on a helper thread
+    (:meth:`_render_early`), while the user's ``__getitem__`` goes on with the next sample: the serial part (the
+    user's own code, each image's open and draws) and the pixel work overlap. Only images made in this fetch are
+    rendered early (one the user kept from before holds its pixels: :meth:`finish`)."""
+
+    def __init__(self, store: cache.Store | None = None, n_threads: int = 1) -> None:
+        #: the decoded-image cache the samples' renders go through, or None
+        self.store = store
+        self.waiting: dict[int, _Entry] = {}
         self.lock = threading.Lock()
+        #: the early renders' queue and its signal (under ``lock``)
+        self.queue: collections.deque[_Entry] = collections.deque()
+        self.ready = threading.Condition(self.lock)
+        self.closed = False
+        #: threads waiting for an early render to be done (:meth:`render_now`)
+        self.awaited = 0
+        #: the early renders' helper (``render_pool.Background``), and the torch state it renders in
+        self.helper: Any = None
+        self.state = thread_modes.capture() if n_threads > 1 else None
+        #: lazy images made from here on are this fetch's own
+        self.born = lazy_jpeg.made_so_far()
         #: the batch's draw programs by Compose (:meth:`program_for`), and what their tails share
         self.programs: dict[int, _Bound] = {}
         self.shared: dict[Any, Any] = {}
@@ -256,15 +342,50 @@ class _Batch:
         return draws, program
 
     def add(self, tensor: Any, job: oprunner.NativeRun, pending: lazy_jpeg.PendingDecode) -> bool:
-        """Let the sample wait (True), watched from now on; or False (the caller renders it now)."""
+        """Let the sample wait (True), watched from now on, its render started early where it can be; or False (the
+        caller renders it now)."""
         if self.mode is None:
             if _mode_depth() != self.depth:
                 return False
             self.mode = _mode_cls(self)  # type: ignore[misc]
             self.mode.__enter__()
+        entry = _Entry(tensor, job, pending)
+        early = self.state is not None and pending.serial >= self.born and pending.pixels is None
         with self.lock:
-            self.waiting[id(tensor)] = (tensor, job, pending)
+            self.waiting[id(tensor)] = entry
+            if early:
+                entry.state = QUEUED
+                self.queue.append(entry)
+                if len(self.queue) == 1:  # (the helper waits only on an empty queue)
+                    self.ready.notify()
+        if early and self.helper is None:
+            self.helper = render_pool.Background(self._render_early)
         return True
+
+    def _render_early(self) -> None:
+        """The helper's loop: the queued samples' renders, in order, until the batch is finished."""
+        try:
+            with thread_modes.entered(self.state):
+                while True:
+                    with self.lock:
+                        while not self.queue and not self.closed:
+                            if not self.ready.wait(_WAKE_S) and exit_gate.exiting():
+                                return
+                        if not self.queue:
+                            return
+                        entry = self.queue.popleft()
+                        entry.state = RENDERING
+                    try:
+                        _render(entry.job, entry.pending, store=self.store)
+                    except Exception as exc:  # noqa: BLE001 - raised by the fetch, in sample order (finish)
+                        entry.error = exc
+                    with self.lock:
+                        entry.state = DONE
+                        if self.awaited:
+                            self.ready.notify_all()
+                    del entry
+        except thread_modes.NotEntered:
+            return  # (the samples left queued are rendered by finish)
 
     def stop_watching(self) -> None:
         mode, self.mode = self.mode, None
@@ -272,16 +393,44 @@ class _Batch:
             mode.__exit__(None, None, None)
 
     def render_now(self, tensors: list[Any]) -> None:
-        """Render these waiting samples in this thread (a torch operation reads them)."""
+        """Render these waiting samples in this thread (a torch operation reads them), or wait for the early render
+        under way."""
         for t in tensors:
             with self.lock:
                 entry = self.waiting.pop(id(t), None)
-            if entry is not None:
-                _render(entry[1], entry[2])
+                if entry is None:
+                    continue
+                if entry.state == QUEUED:
+                    self.queue.remove(entry)
+                    entry.state = RENDERING
+                elif entry.state == RENDERING:
+                    self.awaited += 1
+                    while entry.state != DONE:  # (the helper's render under way: it always ends)
+                        self.ready.wait(_WAKE_S)
+                    self.awaited -= 1
+            if entry.state == DONE:
+                if entry.error is not None:
+                    raise entry.error
+                continue
+            _render(entry.job, entry.pending, store=self.store)
+            entry.state = DONE
+
+    def _end_early_renders(self) -> None:
+        """No more early renders: the queued ones are taken back (``finish`` renders them), the one under way ends."""
+        with self.lock:
+            self.closed = True
+            for entry in self.queue:
+                entry.state = UNQUEUED
+            self.queue.clear()
+            self.ready.notify_all()
+        helper, self.helper = self.helper, None
+        if helper is not None:
+            helper.join()
 
     def finish(self, n_threads: int, data: Any = None) -> None:
-        """Render every waiting sample, on ``n_threads`` threads, into one batch tensor where ``data`` (the fetched
-        samples) allows (:meth:`_into_batch`); a sample's error is raised once all are done."""
+        """Render every waiting sample not rendered yet, on ``n_threads`` threads, into one batch tensor where
+        ``data`` (the fetched samples) allows (:meth:`_into_batch`); a sample's error is raised once all are done."""
+        self._end_early_renders()
         with self.lock:
             entries = list(self.waiting.values())
             whole = self._into_batch(data, entries) if data is not None else None
@@ -290,15 +439,21 @@ class _Batch:
             return
         # an image still alive once its __getitem__ returned is kept by the user's code (a list of images loaded
         # once, a cache): it holds its pixels from now on, as stock's does
-        kept = [_held(pending) > _ENTRY_ONLY for _, _, pending in entries]  # (the shape _ENTRY_ONLY is measured in)
-        jobs = [(job, pending, keep) for (_, job, pending), keep in zip(entries, kept)]
+        kept = [_held(e.pending) > _ENTRY_ONLY for e in entries]  # (the shape _ENTRY_ONLY is measured in)
+        jobs = [(e.job, e.pending, keep, self.store) for e, keep in zip(entries, kept) if e.state != DONE]
+        for e, keep in zip(entries, kept):
+            if e.state == DONE and keep and e.error is None:
+                e.pending.kept_pixels()  # (rendered early from its bytes; kept, it holds its pixels as stock's)
+        errors = [e.error for e in entries if e.state == DONE and e.error is not None]
         del entries
         parallel = n_threads > 1 and len(jobs) > 1
         outcomes = render_pool.map_outcomes(lambda e: _render(*e), jobs, n_threads if parallel else 1,
                                             thread_modes.capture() if parallel else None)
         for ok, error in outcomes:
             if not ok:
-                raise error
+                errors.append(error)
+        if errors:
+            raise errors[0]
         if whole is not None:
             collate.hand_over(*whole)
         if report.stats is not None:
@@ -306,11 +461,12 @@ class _Batch:
             threads = f"{n_threads} thread{'s' if n_threads != 1 else ''}"
             report.count(REPORT_KEY, True, f"lazy image: pixel work deferred to the batch, on {threads}, {where}")
 
-    def _into_batch(self, data: Any, entries: list[Any]) -> tuple[Any, tuple[Any, ...]] | None:
+    def _into_batch(self, data: Any, entries: list[_Entry]) -> tuple[Any, tuple[Any, ...]] | None:
         """Where every sample is a ``(tensor, int)`` tuple or a dict holding one waiting tensor, and nothing but the
         fetched list holds the samples and their tensors (so nothing of the user's can see the change): the samples
         become the slots of one batch tensor, which ``default_collate`` then takes as it is (``data/collate.py``),
-        as the batch path renders ImageFolder's batches. The batch tensor and its slots, or None (nothing changed)."""
+        as the batch path renders ImageFolder's batches; a sample rendered early is copied into its slot. The batch
+        tensor and its slots, or None (nothing changed)."""
         if type(data) is not list or len(data) != len(entries) or not data:
             return None
         waiting = self.waiting
@@ -328,15 +484,19 @@ class _Batch:
             t = sample[key]
             entry = waiting.get(id(t))
             # held by the fetched list, the waiting entry and its job, and here: nothing of the user's
-            if entry is None or entry[0] is not t or _references(sample, t) != _UNSHARED:
+            if entry is None or entry.tensor is not t or _references(sample, t) != _UNSHARED:
                 return None
-            places.append((key, entry[1]))
-        jobs = [job for _, job in places]
+            places.append((key, entry))
+        jobs = [entry.job for _, entry in places]
+        rendered = [(entry.tensor if entry.state == DONE else None) for _, entry in places]
         base = oprunner.batch_tensor(jobs)
         if base is None:
             return None
         slots = tuple(job.slot_tensor for job in jobs)
-        for k, (key, _) in enumerate(places):
+        for k, (key, entry) in enumerate(places):
+            if rendered[k] is not None:
+                slots[k].numpy()[...] = rendered[k].numpy()  # (its pixels, written before it had a slot)
+            entry.tensor = slots[k]
             sample = data[k]
             if key == 0 and type(sample) is tuple:
                 data[k] = (slots[k], sample[1])
@@ -353,8 +513,8 @@ def _entry_only() -> int:
     """:func:`_held`'s count of a pending decode held by the batch's entry alone, where :meth:`_Batch.finish`
     counts it (measured in the same shape, not assumed: what a loop variable or an argument adds differs between
     Python versions)."""
-    entries = list({0: (object(), None, object())}.values())
-    kept = [_held(pending) for _, _, pending in entries]
+    entries = list({0: _Entry(object(), None, object())}.values())  # type: ignore[arg-type]
+    kept = [_held(e.pending) for e in entries]
     return kept[0]
 
 
@@ -371,11 +531,11 @@ def _unshared() -> tuple[int, int]:
     Python versions)."""
     t = object()
     job = oprunner.NativeRun((), 0, None, (0, 0, 0), slot_tensor=t)
-    entry = (t, job, None)
+    entry = _Entry(t, job, None)  # type: ignore[arg-type]
     data = [(t, 0)]
     for sample in data:
         t = sample[0]
-        return _references(sample, t) if entry[0] is t else (0, 0)
+        return _references(sample, t) if entry.tensor is t else (0, 0)
     return 0, 0
 
 
@@ -439,6 +599,15 @@ def _mode_class() -> type:
 _mode_cls: type | None = None
 
 
+def _store_of(dataset: Any) -> cache.Store | None:
+    if dataset is None:
+        return None
+    try:
+        return cache.store_for_own(dataset)
+    except Exception:  # noqa: BLE001 - the cache is an optimisation: a store that cannot open is none
+        return None
+
+
 def hold_pixels_before_fork(n_threads: int) -> None:
     """Before worker processes fork: every lazy image alive holds its pixels (decoded on ``n_threads`` threads).
     Images alive now are the script's own (a list of images loaded once): stock decoded them at ``convert``, so
@@ -452,16 +621,16 @@ def hold_pixels_before_fork(n_threads: int) -> None:
     del outcomes  # (an image that fails to decode raises where its pixels are read, as stock's would)
 
 
-def fetched(load: Callable[[], Any]) -> Any:
-    """``load()`` (the fetch's call of the user's ``__getitem__`` or ``__getitems__``), with lazy images' pixel work
-    waiting until it returns, then rendered on the loader's threads (also when it raises: a sample the user kept is
-    whole)."""
+def fetched(load: Callable[[], Any], dataset: Any = None) -> Any:
+    """``load()`` (the fetch's call of the user's ``__getitem__`` or ``__getitems__`` on ``dataset``), with lazy
+    images' pixel work waiting until it returns, then rendered on the loader's threads (also when it raises: a
+    sample the user kept is whole), through the decoded-image cache where it is on."""
     global _METADATA, _mode_cls
     if _sink.get() is not None or not config.current().lazy_images or not loader_threads.batch_path_on():
         return load()
     if _mode_cls is None:
         _METADATA, _mode_cls = _metadata_calls(), _mode_class()
-    batch = _Batch()
+    batch = _Batch(_store_of(dataset), loader_threads.threads())
     with _sink.set(batch):
         try:
             data = load()

@@ -144,6 +144,35 @@ class _Crew:
             if errors:
                 raise errors[0]
 
+    def start(self, fn: Callable[[], Any]) -> bool:
+        """``fn()`` on every helper, the calling thread going on (:meth:`join` waits for them); False (nothing
+        started) where the crew is stopped. Called by the one caller that took the crew."""
+        self._using.acquire()
+        if self._stopped:
+            self._using.release()
+            return False
+        self._fn = fn
+        for go in self._go:
+            go.release()
+        return True
+
+    def join(self) -> None:
+        """After :meth:`start`: wait until every helper's call has returned (the first error raised). Interrupted
+        (Ctrl-C) while helpers still run, the crew is broken: never used again, its helpers stopped once done."""
+        handed = 0
+        try:
+            for done in self._done:
+                done.acquire()
+                handed += 1
+        finally:
+            self._fn = None
+            self.broken = handed != self.helpers
+            self._using.release()
+        errors = [e for e in self._errors if e is not None]
+        self._errors = [None] * self.helpers
+        if errors:
+            raise errors[0]
+
     def stop(self, timeout: float = exit_gate.EXIT_WAIT_S) -> None:
         """Let the parked helpers end, once the call under way (if any) has returned: a crew of another size, the
         pool dropped, or the interpreter exiting."""
@@ -177,6 +206,35 @@ def run_on_threads(fn: Callable[[], Any], n_threads: int) -> None:
         crew.run(fn)
     finally:
         _give_back(crew)
+
+
+class Background:
+    """``fn()`` on one helper thread while the calling thread goes on; :meth:`join` waits for it to return and raises
+    what it raised. ``fn`` must return once the caller tells it to (its own signal, set before ``join``). The helper
+    is a parked crew's, as :func:`run_on_threads`'s; where none can start (the interpreter exiting), nothing runs."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self._crew: _Crew | None = None
+        if exit_gate.exiting():
+            return
+        crew = _take(1)
+        if crew.start(fn):
+            self._crew = crew
+        else:
+            _give_back(crew)
+
+    @property
+    def started(self) -> bool:
+        return self._crew is not None
+
+    def join(self) -> None:
+        crew, self._crew = self._crew, None
+        if crew is None:
+            return
+        try:
+            crew.join()
+        finally:
+            _give_back(crew)
 
 
 def _take(helpers: int) -> _Crew:

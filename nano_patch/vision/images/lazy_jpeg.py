@@ -42,7 +42,7 @@ class PendingDecode:
     or, once the image has shown it is kept (:meth:`kept_pixels`), its decoded pixels in place of the bytes."""
 
     __slots__ = ("data", "size", "source_mode", "mode", "path", "args", "truncated_ok", "pixels", "renders",
-                 "_core", "_lock")
+                 "serial", "_core", "_lock")
 
     #: PIL reads ``_im.readonly`` (``Image.readonly``): a decoded image is writable
     readonly = 0
@@ -57,6 +57,8 @@ class PendingDecode:
         self.pixels: Any = None
         #: renders of this image outside a batch (a second one keeps its pixels)
         self.renders = 0
+        #: the order it was made in (:func:`made_so_far`): a batch tells its own images from ones made before it
+        self.serial = _take_serial()
         self._core: Any = None
         self._lock = threading.Lock()
 
@@ -92,6 +94,31 @@ class PendingDecode:
                     pixels = self.pixels = _pixels_of(self)
                     self.data = None
         return pixels
+
+
+#: the last serial number a lazy image got, and its lock
+_last_serial = 0
+_serial_lock = threading.Lock()
+
+
+def _take_serial() -> int:
+    global _last_serial
+    with _serial_lock:
+        _last_serial += 1
+        return _last_serial
+
+
+def made_so_far() -> int:
+    """The serial number the next lazy image gets: images with one at least this high were made after this call."""
+    return _last_serial + 1
+
+
+def _fresh_serial_lock() -> None:
+    global _serial_lock
+    _serial_lock = threading.Lock()  # (a lock another thread held at a fork stays held in the child)
+
+
+os.register_at_fork(after_in_child=_fresh_serial_lock)
 
 
 def _pixels_of(p: PendingDecode) -> Any:

@@ -61,6 +61,9 @@ class ArrayPlan:
     sample_strides: tuple[int, ...]
     #: the maps of the source image itself: every row, every column
     start_maps: tuple[np.ndarray, np.ndarray]
+    #: the largest box PIL's ``Image.crop`` checks against ``MAX_IMAGE_PIXELS`` (a crop that is not the whole image),
+    #: as its check counts it; 0 where no step crops
+    crop_pixels: int
     #: maps made so far: draws -> (row map offset, column map offset) into ``maps``
     offsets: dict[tuple[int, ...], tuple[int, int]] = field(default_factory=dict)
     maps: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
@@ -167,6 +170,13 @@ class _Geometry:
         self.steps: list[tuple[Any, ...]] = []
         self.program: list[float] = []
         self.fills: set[bytes] = set()
+        self.crop_pixels = 0
+
+    def cropped(self, th: int, tw: int) -> None:
+        """A crop of ``th`` x ``tw`` from the image as it is now: PIL's ``crop`` checks its box's size against
+        ``MAX_IMAGE_PIXELS`` unless the box is the whole image."""
+        if (th, tw) != (self.h, self.w):
+            self.crop_pixels = max(self.crop_pixels, max(1, th) * max(1, tw))
 
     def pad(self, padding: Any, fill: Any, mode: Any) -> None:
         if type(mode) is not str or mode not in PAD_MODES:
@@ -194,6 +204,7 @@ class _Geometry:
             self.pad([0, th - self.h], t.fill, t.padding_mode)
         if self.h < th or self.w < tw or th < 1 or tw < 1:
             raise NoPlan("a crop larger than the image")  # (stock raises ValueError)
+        self.cropped(th, tw)
         if self.h == th and self.w == tw:
             self.steps.append(("crop", None, th, tw))
         else:
@@ -216,6 +227,7 @@ class _Geometry:
             if self.h == th and self.w == tw:
                 return
         top, left = int(round((self.h - th) / 2.0)), int(round((self.w - tw) / 2.0))
+        self.cropped(th, tw)
         self.steps.append(("center", top, left, th, tw))
         self.h, self.w = th, tw
 
@@ -267,14 +279,14 @@ def plan_of(transforms: Any, compose: Any, hw: tuple[int, int], channels: int,
     fill = geometry.fills.pop() if geometry.fills else bytes(channels)
     steps_read = tuple(geometry.steps)
     program = tuple(geometry.program)
-    signature = (hw, channels, steps_read, program, fill, id(table), table.dtype)
+    signature = (hw, channels, steps_read, program, fill, id(table), table.dtype, geometry.crop_pixels)
     with _plans_lock:
         found = _plans.get(signature)
         if found is not None and found[0] is table:  # (the table itself: its id is not reused while it is kept)
             return found[1]
     plan = ArrayPlan(steps_read, np.array(program, np.float64), (geometry.h, geometry.w), fill,
                      np.ascontiguousarray(table), _sample_strides(geometry.h, geometry.w, channels),
-                     (np.arange(hw[0], dtype=np.int32), np.arange(hw[1], dtype=np.int32)))
+                     (np.arange(hw[0], dtype=np.int32), np.arange(hw[1], dtype=np.int32)), geometry.crop_pixels)
     with _plans_lock:
         if len(_plans) >= _PLANS_KEPT:  # (parameters drawn anew each batch: unusual; keep the table small)
             _plans.clear()

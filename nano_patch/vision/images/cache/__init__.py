@@ -38,11 +38,13 @@ from .choice import (
     AUTO_DISK_SHARE,
     AUTO_MEMORY_SHARE,
     AUTO_SAMPLE,
+    announce_own,
     dataset_files,
     decide,
     estimate_decoded_bytes,
     prepare,
     store_for,
+    store_for_own,
 )
 from .disk import (
     CREATE_MIN_FREE,
@@ -59,7 +61,7 @@ from .disk import (
 from .entries import CAP_KEY, DEFAULT_CAP, FORMAT_KEY, FORMAT_VALUE, MIN_CAP, STORE_NAME, encode_entry, parse_entry
 from .environ import WARNED_ENV
 from .figures import count_hit, count_miss
-from .keys import COARSE_WINDOW_NS, FINE_WINDOW_NS, decoder_identity, key_material, racy, racy_times
+from .keys import COARSE_WINDOW_NS, FINE_WINDOW_NS, content_material, decoder_identity, key_material, racy, racy_times
 from .process import Setting, default_dir, open_store, setting
 from .store import Store
 from .verify import RECORD_MAX_AGE_NS, RECORD_NAME, VERIFIED_ENV, check_store
@@ -68,8 +70,9 @@ __all__ = [
     "AUTO_DISK_SHARE", "AUTO_MEMORY_SHARE", "AUTO_SAMPLE", "CAP_KEY", "COARSE_WINDOW_NS", "CREATE_MIN_FREE",
     "DEFAULT_CAP", "FINE_WINDOW_NS", "FORMAT_KEY", "FORMAT_VALUE", "LOCK_BYTES", "MAX_READERS", "MIN_CAP",
     "RECORD_MAX_AGE_NS", "RECORD_NAME", "SPACE_RESERVE", "STORE_NAME", "VERIFIED_ENV", "WARNED_ENV", "Setting",
-    "Store", "StoreDamaged", "StoreRefused", "check_directory", "check_store", "clear", "count_hit", "count_miss",
-    "dataset_files", "decide", "decoder_identity", "default_dir", "describe", "encode_entry",
-    "estimate_decoded_bytes", "human_bytes", "key_material", "known_folders", "open_store", "parse_entry",
-    "prepare", "racy", "racy_times", "refused_store_folder", "setting", "store_bytes", "store_for",
+    "Store", "StoreDamaged", "StoreRefused", "announce_own", "check_directory", "check_store", "clear",
+    "content_material", "count_hit", "count_miss", "dataset_files", "decide", "decoder_identity", "default_dir",
+    "describe", "encode_entry", "estimate_decoded_bytes", "human_bytes", "key_material", "known_folders",
+    "open_store", "parse_entry", "prepare", "racy", "racy_times", "refused_store_folder", "setting", "store_bytes",
+    "store_for", "store_for_own",
 ]

@@ -33,12 +33,25 @@ _last_store: tuple[Setting, Store] | None = None
 
 def store_for(dataset: Any = None) -> Store | None:
     """The store to use for images of ``dataset`` (None: a loader call outside a dataset), or None."""
-    global _last_store
     s = setting()
     if s.mode == "off":
         return None
     if s.mode == "auto" and (dataset is None or not decide(dataset, s)):
         return None
+    return _store_of(s)
+
+
+def store_for_own(dataset: Any) -> Store | None:
+    """The store for the lazy images of ``dataset``, a class of the user's own whose ``__getitem__`` opens its
+    images (``data/datasets/lazy_samples.py``), or None. Its files cannot be listed without running its code, so
+    ``--fast`` does not estimate them: the cache is on, within the fill budget (``fill.py``) and the budget's cap
+    (what fits is stored), as :func:`announce_own` said where the loader was made."""
+    s = setting()
+    return None if s.mode == "off" else _store_of(s)
+
+
+def _store_of(s: Setting) -> Store | None:
+    global _last_store
     last = _last_store
     if last is not None and last[0] is s:  # (asked once per batch; a process's stores are never dropped)
         store = last[1]
@@ -52,6 +65,25 @@ def store_for(dataset: Any = None) -> Store | None:
             store.fill_budget = FillBudget()  # --fast: the first epochs fill it within a budget (fill.py)
         _last_store = (s, store)
     return None if store.off else store
+
+
+#: datasets of the user's own class :func:`announce_own` spoke of (by id: such a class may not be weak-referenceable)
+_announced: set[int] = set()
+
+
+def announce_own(dataset: Any) -> None:
+    """Where a DataLoader over a dataset of the user's own class is made (the main process), under ``--fast``: the
+    one line that says the JPEGs its ``__getitem__`` opens are cached, and up to what size."""
+    s = setting()
+    if s.mode != "auto" or id(dataset) in _announced or not _is_main_process():
+        return
+    _announced.add(id(dataset))
+    store = _store_of(s)
+    if store is None:
+        return
+    print(f"nano-patch --fast: decoded-image cache on for the JPEGs {type(dataset).__name__}'s __getitem__ opens "
+          f"(Image.open(...).convert(\"RGB\")): stored as they are loaded, up to {human_bytes(store.cap)} in "
+          f"{s.folder} (--cache-decoded=off to switch it off)", file=sys.stderr)
 
 
 def _budget(folder: Any) -> int:

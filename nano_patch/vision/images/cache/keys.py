@@ -100,6 +100,20 @@ def key_material(path: str | os.PathLike[str], mode: str = "RGB") -> bytes | Non
     return RacyMaterial(material) if racy(st, now) else material
 
 
+def content_material(data: bytes, mode: str = "RGB") -> bytes:
+    """The cache key material of an image decoded from ``data`` (its whole file, as read) to ``mode``: the decoding
+    stack and a SHA-256 of the bytes. For images whose bytes were read before the key is made (a lazy image's, read
+    at ``convert``; bytes in memory): a key from the file's identity, taken after the read, could name content the
+    file got since. Never racy: the key is the content."""
+    import hashlib
+
+    global _identity_text
+    if _identity_text is None:
+        _identity_text = decoder_identity()
+    digest = hashlib.sha256(data).hexdigest()  # (hashlib lets go of the GIL for the bytes: a loader thread's work)
+    return f"{_identity_text}\0{mode}\0content:{digest}:{len(data)}".encode()
+
+
 def _after_fork_in_child() -> None:
     global _lock
     _lock = threading.Lock()

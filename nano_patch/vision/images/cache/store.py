@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import os
 import threading
 from pathlib import Path
@@ -216,7 +217,7 @@ class Store:
             self._mark_damaged(env)
             return None, "damaged:an entry failed its check: the store is damaged, and is rebuilt next run"
         offset, shape = entry
-        length = int(np.prod(shape))
+        length = math.prod(shape)
         if len(value) > 4096 and start is not None:
             # The value's own pages are never rewritten (entries are only added), so it can be read where
             # the file holds it, through this process's own map of the file, which outlives LMDB's.
