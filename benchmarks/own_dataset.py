@@ -56,7 +56,7 @@ import io, json, os, sys, time
 cfg = json.loads(sys.argv[1])
 if cfg["side"] == "patched":  # a user's script, patched: the line at its top
     from nano_patch import patch_torch
-    patch_torch(**({"cache_decoded": "on", "cache_dir": cfg["cache_dir"]} if cfg.get("cache_dir") else {}))
+    patch_torch(**({"cache_decoded": cfg["cache_mode"], "cache_dir": cfg["cache_dir"]} if cfg.get("cache_dir") else {}))
 
 import numpy as np
 import torch
@@ -220,9 +220,9 @@ def main() -> None:
                     help=f"only this row (repeatable): one of {ROWS}")
     ap.add_argument("--workers", default="0,2", help="the num_workers values, comma-separated")
     ap.add_argument("--stem", default="own_dataset")
-    ap.add_argument("--cache", action="store_true",
-                    help="also run 'cache on': patched with cache_decoded='on', from an empty store each run (epoch 1 "
-                         "fills it: cold; the timed epochs after it: warm)")
+    ap.add_argument("--cache", choices=["on", "auto"],
+                    help="also run 'cache on': patched with cache_decoded='on' (or 'auto', --fast's), from an empty "
+                         "store each run (epoch 1 fills it: cold; the timed epochs after it: warm)")
     ap.add_argument("--before", metavar="CHECKOUT",
                     help="another nano-patch source tree (its compiled kernels built in place): its patched rows run "
                          "too, interleaved, as 'before'")
@@ -260,6 +260,7 @@ def main() -> None:
                 cfg = {**base, "row": row, "workers": w, "side": "stock" if side == "stock" else "patched"}
                 if side == "cache on":
                     cfg["cache_dir"] = str(tmp / f"store-{r}-{w}-{rows.index(row)}")  # (empty: a cold first epoch)
+                    cfg["cache_mode"] = args.cache
                 got = run_script(script, cfg, args.before if side == "before" else None)
                 runs.setdefault(key(row, side, w), []).append(got)
                 print(f"round {r}: {key(row, side, w)}: {got['images_per_s']:.0f} images/s "
@@ -271,6 +272,8 @@ def main() -> None:
             "median_first_epoch_s": statistics.median(x["first_epoch_s"] for x in rs),
             "runs": rs}
     med = {name: c["median_images_per_s"] for name, c in result["configs"].items()}
+    if args.cache:
+        result["cache_mode"] = args.cache
     if args.cache:  # the cache against the cache off: the first epoch (cold) and the timed ones (warm)
         first = {name: c["median_first_epoch_s"] for name, c in result["configs"].items()}
         result["cache_against_off"] = {

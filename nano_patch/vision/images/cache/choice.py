@@ -73,17 +73,19 @@ _announced: set[int] = set()
 
 def announce_own(dataset: Any) -> None:
     """Where a DataLoader over a dataset of the user's own class is made (the main process), under ``--fast``: the
-    one line that says the JPEGs its ``__getitem__`` opens are cached, and up to what size."""
+    one line that says the JPEGs its ``__getitem__`` opens, if it opens any, are cached, and up to what size. torch's
+    own datasets (``TensorDataset``, ``ConcatDataset``...) open no image: nothing is said for them."""
     s = setting()
-    if s.mode != "auto" or id(dataset) in _announced or not _is_main_process():
+    module = getattr(type(dataset), "__module__", "") or ""
+    if s.mode != "auto" or module.split(".")[0] == "torch" or id(dataset) in _announced or not _is_main_process():
         return
     _announced.add(id(dataset))
     store = _store_of(s)
     if store is None:
         return
     print(f"nano-patch --fast: decoded-image cache on for the JPEGs {type(dataset).__name__}'s __getitem__ opens "
-          f"(Image.open(...).convert(\"RGB\")): stored as they are loaded, up to {human_bytes(store.cap)} in "
-          f"{s.folder} (--cache-decoded=off to switch it off)", file=sys.stderr)
+          f"(Image.open(...).convert(\"RGB\")), if it opens any: stored as they are loaded, up to "
+          f"{human_bytes(store.cap)} in {s.folder} (--cache-decoded=off to switch it off)", file=sys.stderr)
 
 
 def _budget(folder: Any) -> int:
