@@ -85,3 +85,31 @@ SLOW_MODULES = ("test_lightning", "test_virtual_workers_fresh", "test_ranks", "t
 def pytest_collection_modifyitems(session, config, items) -> None:
     rank = {name: i for i, name in enumerate(SLOW_MODULES)}
     items.sort(key=lambda item: rank.get(item.module.__name__.rpartition(".")[2], len(rank)))  # (a stable sort)
+
+
+#: per module, the seconds its tests took (setup, call and teardown), summed where the reports arrive (the xdist
+#: controller, or the one process): the suite's own account of where its time goes, at the end of every run
+_module_seconds: dict[str, float] = {}
+#: where each xdist worker ran (its modules, in order): which worker a long module kept busy
+_worker_modules: dict[str, list[str]] = {}
+
+
+def pytest_runtest_logreport(report) -> None:
+    module = report.nodeid.split("::", 1)[0]
+    _module_seconds[module] = _module_seconds.get(module, 0.0) + report.duration
+    worker = getattr(report, "node", None)
+    name = getattr(getattr(worker, "gateway", None), "id", "main")
+    done = _worker_modules.setdefault(name, [])
+    if not done or done[-1] != module:
+        done.append(module)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    if not _module_seconds:
+        return
+    total = sum(_module_seconds.values())
+    write = terminalreporter.write_line
+    terminalreporter.section("slowest modules (seconds of their tests, summed)")
+    for module, seconds in sorted(_module_seconds.items(), key=lambda kv: -kv[1])[:15]:
+        write(f"{seconds:8.1f} s  {100 * seconds / total:4.1f}%  {module}")
+    write(f"{total:8.1f} s  in all, over {max(1, len(_worker_modules))} worker(s)")
