@@ -302,6 +302,28 @@ def test_an_overriding_subclass_and_bad_indices_run_stocks_code(files):
     assert errors[0][0] == errors[1][0] and torch.equal(errors[0][1], errors[1][1])
 
 
+def test_numpy_indices_from_a_sampler_take_the_path(files, monkeypatch):
+    """A sampler over a NumPy array yields NumPy integers (a negative one too): the batch is the array path's, and
+    stock's."""
+    import nano_patch
+    from nano_patch.data.datasets import array_datasets
+
+    sampler = [np.array([3, -2, 7, 0, 11], dtype=np.int64)[k] for k in range(5)]
+    def load(**kw: Any) -> list[Any]:
+        torch.manual_seed(2)
+        loader = torch.utils.data.DataLoader(_open(files, "cifar10"), batch_size=5, sampler=sampler)
+        return [(x.clone(), y.clone()) for x, y in loader] + [torch.get_rng_state()]
+
+    stock = load()
+    nano_patch.patch_torch()
+    made = []
+    gather = array_datasets._gather
+    monkeypatch.setattr(array_datasets, "_gather", lambda *a, **k: made.append(1) or gather(*a, **k))
+    patched = load()
+    assert made and torch.equal(stock[0][0], patched[0][0]) and torch.equal(stock[0][1], patched[0][1])
+    assert torch.equal(stock[-1], patched[-1])
+
+
 @pytest.mark.parametrize("mode", ["reflect", "symmetric", "edge", "constant"])
 @pytest.mark.parametrize("n", [1, 2, 5])
 def test_a_padded_map_is_numpys_pad(mode, n):

@@ -17,8 +17,8 @@ What stock's ``__getitem__`` reads per sample, and where the batch reads the sam
   class's layout; targets as below); anything else is stock's loop;
 - each target by stock's own expression (``targets[i]``, ``int(targets[i])``, ``int(labels[i])``, QMNIST's
   ``int(targets[i][0])`` where ``compat``), or its exact vectorised equal (``tolist()`` of an integer array);
-- the index: plain ints within the data's length (a negative one counted from the end, as numpy does); any other
-  index is stock's loop, which raises stock's error;
+- the index: ints (Python's or NumPy's) within the data's length (a negative one counted from the end, as numpy
+  does); any other index is stock's loop, which raises stock's error;
 - the transform's steps and parameters, read once per batch when no user code runs in it (no ``target_transform``);
   with a ``target_transform``, everything above is read again before each sample, and the sample is drawn and
   gathered before its ``target_transform`` runs, so user code between samples sees, and may change, what stock's
@@ -196,10 +196,16 @@ def _why_not(dataset: Any, names: tuple[str, ...]) -> str | None:
 
 
 def _indices(indices: list[Any], n: int) -> list[int]:
+    """The batch's indices as ints in [0, n), read as numpy and a list read them (a negative one from the end);
+    NoPlan for anything else (a bool, a tensor, a slice, one out of range: stock's loop meets it)."""
     out = []
     for i in indices:
-        if type(i) is not int or not -n <= i < n:
-            raise array_plan.NoPlan("an index that is not a plain int within the data")
+        if type(i) is not int:
+            if not isinstance(i, np.integer):  # (a sampler over a NumPy array yields its integers)
+                raise array_plan.NoPlan("an index that is not an integer")
+            i = int(i)
+        if not -n <= i < n:
+            raise array_plan.NoPlan("an index outside the data")
         out.append(i + n if i < 0 else i)
     return out
 
