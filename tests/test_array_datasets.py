@@ -324,6 +324,47 @@ def test_numpy_indices_from_a_sampler_take_the_path(files, monkeypatch):
     assert torch.equal(stock[-1], patched[-1])
 
 
+@pytest.mark.parametrize("form", ["batch_size=None", "drop_last", "random_split", "concat", "replacement",
+                                  "inference_mode"])
+def test_the_loaders_forms_around_an_array_dataset(files, form):
+    """The DataLoader's other forms over an array dataset: samples one by one, a dropped last batch, a Subset from
+    random_split (followed to its dataset), a ConcatDataset (stock's loop), a sampler with replacement, the loop under
+    inference_mode (inference tensors, as stock's)."""
+    import warnings
+
+    import nano_patch
+
+    def load() -> list[Any]:
+        torch.manual_seed(4)
+        ds: Any = _open(files, "cifar10")
+        kw: dict[str, Any] = {"batch_size": 6, "shuffle": True}
+        if form == "batch_size=None":
+            kw = {"batch_size": None, "shuffle": True}
+        elif form == "drop_last":
+            kw["drop_last"] = True
+        elif form == "random_split":
+            ds = torch.utils.data.random_split(ds, [0.75, 0.25])[0]
+        elif form == "concat":
+            ds = torch.utils.data.ConcatDataset([ds, _open(files, "cifar100")])
+        elif form == "replacement":
+            kw = {"batch_size": 6, "sampler": torch.utils.data.RandomSampler(ds, replacement=True, num_samples=30)}
+        out = []
+        with warnings.catch_warnings(record=True) as caught, (
+                torch.inference_mode() if form == "inference_mode" else torch.enable_grad()):
+            warnings.simplefilter("always")
+            for x, y in torch.utils.data.DataLoader(ds, **kw):
+                out.append((x.clone(), torch.as_tensor(y).clone(), x.is_inference(), x.stride()))
+        return out + [torch.get_rng_state(), [str(w.message) for w in caught]]
+
+    stock = load()
+    nano_patch.patch_torch()
+    patched = load()
+    assert len(stock) == len(patched)
+    for a, b in zip(stock[:-2], patched[:-2]):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and a[2:] == b[2:]
+    assert torch.equal(stock[-2], patched[-2]) and stock[-1] == patched[-1]
+
+
 @pytest.mark.parametrize("mode", ["reflect", "symmetric", "edge", "constant"])
 @pytest.mark.parametrize("n", [1, 2, 5])
 def test_a_padded_map_is_numpys_pad(mode, n):
