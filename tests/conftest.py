@@ -90,18 +90,14 @@ def pytest_collection_modifyitems(session, config, items) -> None:
 #: per module, the seconds its tests took (setup, call and teardown), summed where the reports arrive (the xdist
 #: controller, or the one process): the suite's own account of where its time goes, at the end of every run
 _module_seconds: dict[str, float] = {}
-#: where each xdist worker ran (its modules, in order): which worker a long module kept busy
-_worker_modules: dict[str, list[str]] = {}
+#: the xdist workers whose reports arrived ("main" without xdist)
+_workers: set[str] = set()
 
 
 def pytest_runtest_logreport(report) -> None:
     module = report.nodeid.split("::", 1)[0]
     _module_seconds[module] = _module_seconds.get(module, 0.0) + report.duration
-    worker = getattr(report, "node", None)
-    name = getattr(getattr(worker, "gateway", None), "id", "main")
-    done = _worker_modules.setdefault(name, [])
-    if not done or done[-1] != module:
-        done.append(module)
+    _workers.add(getattr(getattr(getattr(report, "node", None), "gateway", None), "id", "main"))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
@@ -112,4 +108,4 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     terminalreporter.section("slowest modules (seconds of their tests, summed)")
     for module, seconds in sorted(_module_seconds.items(), key=lambda kv: -kv[1])[:15]:
         write(f"{seconds:8.1f} s  {100 * seconds / total:4.1f}%  {module}")
-    write(f"{total:8.1f} s  in all, over {max(1, len(_worker_modules))} worker(s)")
+    write(f"{total:8.1f} s  in all, over {len(_workers)} worker(s)")

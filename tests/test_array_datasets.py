@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
-import json
 import os
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from _procs import first_difference, matrix_records
 
 SCRIPT = Path(__file__).parent / "scripts" / "array_matrix.py"
 
@@ -66,35 +63,16 @@ def files(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def records(files, tmp_path_factory) -> dict[str, dict[str, list[str]]]:
     """``{side: {case id: events}}``: each side and start method in a fresh process, two at a time."""
-    root = tmp_path_factory.mktemp("array_matrix")
-    runs = []
-    for method in ("fork", "forkserver"):
-        (root / f"{method}.json").write_text(json.dumps([c for c in CASES if c["start"] == method]))
-        runs += [(side, method) for side in ("stock", "patched")]
     env = {k: v for k, v in os.environ.items() if not k.startswith("NANO_PATCH_")}
-
-    def run(side_method: tuple[str, str]) -> tuple[str, dict[str, list[str]]]:
-        side, method = side_method
-        out = root / f"{side}-{method}.out.json"
-        proc = subprocess.run([sys.executable, str(SCRIPT), side, method, str(files), str(root / f"{method}.json"),
-                               str(out)], cwd=root, env=env, capture_output=True, text=True, timeout=900)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        return side, json.loads(out.read_text())
-
-    merged: dict[str, dict[str, list[str]]] = {"stock": {}, "patched": {}}
-    with ThreadPoolExecutor(2) as pool:
-        for side, got in pool.map(run, sorted(runs, key=lambda r: r[1] != "forkserver")):
-            merged[side].update(got)
-    return merged
+    return matrix_records(SCRIPT, files, tmp_path_factory.mktemp("array_matrix"), CASES, env)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
 def test_the_combination_runs_as_on_stock(records, case):
     stock, patched = records["stock"][case["id"]], records["patched"][case["id"]]
     assert any(e.startswith("epoch") or e.startswith("case raised") for e in stock)
-    for i, (want, got) in enumerate(zip(stock, patched)):
-        assert want == got, f"event {i}:\n  stock:   {want[:600]}\n  patched: {got[:600]}"
-    assert len(stock) == len(patched)
+    difference = first_difference(stock, patched)
+    assert difference is None, difference
 
 
 def test_the_matrix_covers_every_dataset_and_pipeline():

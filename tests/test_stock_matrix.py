@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
-import json
 import os
-import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _procs import first_difference, matrix_records
 
 SCRIPT = Path(__file__).parent / "scripts" / "stock_matrix.py"
 
@@ -73,45 +71,14 @@ def records(tmp_path_factory, photos) -> dict[str, dict[str, list[str]]]:
     """``{side: {case id: events}}``: each side and start method in a fresh process, two at a time."""
     root = tmp_path_factory.mktemp("matrix")
     MATRIX.make_folder(root, photos)
-    runs = []
-    for method in ("fork", "forkserver"):
-        cases = [c for c in SELECTED if c["start"] == method]
-        if cases:
-            (root / f"{method}.json").write_text(json.dumps(cases))
-            runs += [(side, method) for side in ("stock", "patched")]
-
-    def run(side_method: tuple[str, str]) -> tuple[str, dict[str, list[str]]]:
-        side, method = side_method
-        out = root / f"{side}-{method}.out.json"
-        proc = subprocess.run([sys.executable, str(SCRIPT), side, method, str(root), str(root / f"{method}.json"),
-                               str(out)], cwd=root, env=_env(), capture_output=True, text=True, timeout=900)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        return side, json.loads(out.read_text())
-
-    merged: dict[str, dict[str, list[str]]] = {"stock": {}, "patched": {}}
-    # the longest runs first: the forkserver processes, then fork's
-    with ThreadPoolExecutor(2) as pool:
-        for side, got in pool.map(run, sorted(runs, key=lambda r: r[1] != "forkserver")):
-            merged[side].update(got)
-    return merged
-
-
-def _first_difference(stock: list[str], patched: list[str]) -> str | None:
-    for i, (want, got) in enumerate(zip(stock, patched)):
-        if want != got:
-            return f"event {i}:\n  stock:   {want[:700]}\n  patched: {got[:700]}"
-    if len(stock) != len(patched):
-        longer = stock if len(stock) > len(patched) else patched
-        return f"stock has {len(stock)} events, patched {len(patched)}; first extra: " \
-               f"{longer[min(len(stock), len(patched))][:700]}"
-    return None
+    return matrix_records(SCRIPT, root, root, SELECTED, _env())
 
 
 @pytest.mark.parametrize("case", SELECTED, ids=[c["id"] for c in SELECTED])
 def test_the_combination_runs_as_on_stock(records, case):
     stock, patched = records["stock"][case["id"]], records["patched"][case["id"]]
     assert any(e.startswith("epoch") or e.startswith("case raised") for e in stock)  # it recorded what it ran
-    difference = _first_difference(stock, patched)
+    difference = first_difference(stock, patched)
     assert difference is None, difference
 
 

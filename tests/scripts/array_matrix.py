@@ -12,11 +12,7 @@ targets), the three global generators after each epoch, the error it ends with, 
 
 from __future__ import annotations
 
-import json
-import multiprocessing
-import os
 import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -25,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-from dropin_probe import Recorder, error, seed  # noqa: E402
+from dropin_probe import Recorder, error, run_cases, seed  # noqa: E402
 from make_array_datasets import make, open_dataset  # noqa: E402
 
 KINDS = ("cifar10", "cifar100", "svhn", "stl10", "mnist", "fashionmnist", "kmnist", "emnist", "qmnist")
@@ -133,20 +129,5 @@ def run_case(case: dict[str, Any], root: Path, patched: bool) -> list[str]:
     return rec.events
 
 
-def main() -> None:
-    side, method, root, cases_json, out = sys.argv[1:6]
-    multiprocessing.set_start_method(method, force=True)
-    if method == "forkserver":  # (a setting of the user's own: the workers start sooner, on both sides)
-        multiprocessing.set_forkserver_preload(["torch", "torchvision.datasets", "torchvision.transforms"])
-    cases = json.loads(Path(cases_json).read_text())
-    results = {}
-    for c in cases:
-        start = time.perf_counter()
-        results[c["id"]] = run_case(c, Path(root), side == "patched")
-        if os.environ.get("MATRIX_TIMES"):
-            print(f"{time.perf_counter() - start:6.2f} s  {c['id']}", file=sys.stderr)
-    Path(out).write_text(json.dumps(results))
-
-
 if __name__ == "__main__":
-    main()
+    run_cases(run_case, ["torch", "torchvision.datasets", "torchvision.transforms"])

@@ -130,6 +130,28 @@ def seed(n: int = 3) -> None:
     np.random.seed(n)
 
 
+def run_cases(run_case: Callable[[dict[str, Any], Path, bool], list[str]], preload: list[str],
+              preload_stock_only: bool = False) -> None:
+    """A matrix script's ``main``: ``SIDE START_METHOD ROOT CASES_JSON OUT_JSON`` from the command line, each case's
+    events (``run_case(case, root, patched)``) written to OUT_JSON. ``preload``: what the forkserver imports once (a
+    setting of the user's own, which changes no result); ``preload_stock_only``: only on stock's side.
+    ``MATRIX_TIMES=1`` prints each case's seconds."""
+    import multiprocessing
+    import time
+
+    side, method, root, cases_json, out = sys.argv[1:6]
+    multiprocessing.set_start_method(method, force=True)
+    if method == "forkserver" and (side == "stock" or not preload_stock_only):
+        multiprocessing.set_forkserver_preload(preload)
+    results = {}
+    for c in json.loads(Path(cases_json).read_text()):
+        start = time.perf_counter()
+        results[c["id"]] = run_case(c, Path(root), side == "patched")
+        if os.environ.get("MATRIX_TIMES"):
+            print(f"{time.perf_counter() - start:6.2f} s  {c['id']}", file=sys.stderr)
+    Path(out).write_text(json.dumps(results))
+
+
 def loader(ds: Any, **kw: Any) -> torch.utils.data.DataLoader:
     kw.setdefault("num_workers", WORKERS)
     if kw["num_workers"]:

@@ -17,12 +17,8 @@ the combinations.
 from __future__ import annotations
 
 import functools
-import json
-import multiprocessing
-import os
 import random
 import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -32,7 +28,7 @@ import torch
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).parent))
-from dropin_probe import Recorder, error  # noqa: E402
+from dropin_probe import Recorder, error, run_cases  # noqa: E402
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 #: the photo folder's files per class and classes; ``half_a``/``half_b`` split it for ConcatDataset
@@ -283,21 +279,6 @@ def run_case(case: dict[str, Any], root: Path, patched: bool) -> list[str]:
     return rec.events
 
 
-def main() -> None:
-    side, method, root, cases_json, out = sys.argv[1:6]
-    multiprocessing.set_start_method(method, force=True)
-    if side == "stock" and method == "forkserver":
-        # a setting of the user's own, which changes no result: the stock workers' start is shorter
-        multiprocessing.set_forkserver_preload(["torch", "torchvision", "PIL.Image", "numpy"])
-    cases = json.loads(Path(cases_json).read_text())
-    results = {}
-    for c in cases:
-        start = time.perf_counter()
-        results[c["id"]] = run_case(c, Path(root), side == "patched")
-        if os.environ.get("MATRIX_TIMES"):
-            print(f"{time.perf_counter() - start:6.2f} s  {c['id']}", file=sys.stderr)
-    Path(out).write_text(json.dumps(results))
-
-
 if __name__ == "__main__":
-    main()
+    # (the stock workers' start is shorter: the patch preloads its own server where it starts one first)
+    run_cases(run_case, ["torch", "torchvision", "PIL.Image", "numpy"], preload_stock_only=True)
